@@ -1,0 +1,123 @@
+"""Typed configs: one pydantic model per command, loaded from YAML, overridable from the CLI.
+
+Why pydantic with ``extra="forbid"``: a mistyped key (``judge.tempalte``) must be an
+error that names the key, never silently dropped (TRL's ``fail_with_unknown_args=False``
+is the counter-example in shared/docs/style-anchors.md).
+
+Errors surface as :class:`ConfigError` with a one-line message naming the dotted key and
+the file; the CLI turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+T = TypeVar("T", bound="PofeConfig")
+
+
+class ConfigError(Exception):
+    """A bad config: unknown key, wrong type, missing file. ``str(e)`` is one line."""
+
+
+class PofeConfig(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML (so ``3``, ``true``, ``[1, 2]`` work)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set judge.template=helpful-short")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    cur = data
+    for i, part in enumerate(path[:-1]):
+        nxt = cur.get(part)
+        if nxt is None:
+            nxt = {}
+            cur[part] = nxt
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"{origin}: {'.'.join(path[: i + 1])} is not a section, cannot set {'.'.join(path)}")
+        cur = nxt
+    cur[path[-1]] = value
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    err = e.errors()[0]
+    key = ".".join(str(x) for x in err["loc"]) or "<root>"
+    if err["type"] == "extra_forbidden":
+        msg = f"unknown key '{key}'"
+    elif err["type"] == "missing":
+        msg = f"missing required key '{key}'"
+    else:
+        msg = f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})"
+    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{source}: {msg}{more}"
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    extra: dict[str, Any] | None = None,
+) -> T:
+    """Build ``cls`` from an optional YAML file, then ``--set`` overrides, then ``extra``.
+
+    Raises:
+        ConfigError: naming the dotted key and the file (or ``--set``) it came from.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        data = _read_yaml(Path(path))
+        source = str(path)
+    overrides = list(overrides)
+    for text in overrides:
+        keypath, value = parse_override(text)
+        _set_path(data, keypath, value, f"--set {text}")
+    for k, v in (extra or {}).items():
+        _set_path(data, k.split("."), v, f"option {k}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        # Name where the bad key came from: a --set override if it touched that key.
+        bad = ".".join(str(x) for x in e.errors()[0]["loc"])
+        origin = source
+        for text in overrides:
+            if text.split("=", 1)[0].strip() == bad or bad.startswith(text.split("=", 1)[0].strip() + "."):
+                origin = f"--set {text}"
+        raise ConfigError(_format_error(e, origin)) from None
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML (what ``--print-config`` prints and run folders store)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,125 @@
+"""Batched sampling. Prompts are rendered with the chat template, left-padded, and
+``n`` samples per prompt are drawn in one ``generate`` call (the KV cache is reused for
+all of them). Token ids are kept on each :class:`Completion` so later stages never
+re-tokenise (log-prob computation reuses them).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from pofe.config import PofeConfig
+from pofe.models import apply_chat_template
+from pofe.records import Completion
+
+
+class SamplingConfig(PofeConfig):
+    """How responses are sampled."""
+
+    max_new_tokens: int = 48
+    """Maximum tokens per response."""
+    temperature: float = 0.9
+    """Sampling temperature (OAIF Sec. 4.1 uses 0.9 during training); 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    batch_size: int = 16
+    """Prompts per generate() call."""
+
+
+class Generator(Protocol):
+    def generate(self, prompts: Sequence[str | list[dict[str, str]]], n: int, sampling: SamplingConfig,
+                 seed: int | None = None) -> list[list[Completion]]: ...
+
+
+def _render(tokenizer, prompt) -> str:
+    return apply_chat_template(tokenizer, prompt)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str | list[dict[str, str]]],
+    *,
+    n: int = 1,
+    sampling: SamplingConfig | None = None,
+    seed: int | None = None,
+) -> list[list[Completion]]:
+    """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt."""
+    sampling = sampling or SamplingConfig()
+    if seed is not None:
+        torch.manual_seed(seed)
+    device = next(model.parameters()).device
+    eos_ids = _eos_ids(model, tokenizer)
+    out: list[list[Completion]] = []
+    was_training = model.training
+    model.eval()
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
+    try:
+        for start in range(0, len(prompts), sampling.batch_size):
+            chunk = prompts[start : start + sampling.batch_size]
+            texts = [_render(tokenizer, p) for p in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            do_sample = sampling.temperature > 0
+            gen_kwargs = dict(
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=do_sample,
+                num_return_sequences=n,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos_ids,
+            )
+            if do_sample:
+                gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+            seqs = model.generate(**enc, **gen_kwargs)  # (len(chunk)*n, P+new)
+            P = enc["input_ids"].shape[1]
+            for i, prompt in enumerate(chunk):
+                mask = enc["attention_mask"][i].bool()
+                p_ids = tuple(enc["input_ids"][i][mask].tolist())
+                group = []
+                for j in range(n):
+                    new = seqs[i * n + j, P:].tolist()
+                    ids, finished = _cut_at_eos(new, eos_ids, tokenizer.pad_token_id)
+                    text = tokenizer.decode(ids, skip_special_tokens=True)
+                    ptxt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+                    group.append(Completion(prompt=ptxt, text=text, token_ids=tuple(ids),
+                                            prompt_token_ids=p_ids, finished=finished))
+                out.append(group)
+    finally:
+        tokenizer.padding_side = old_side
+        if was_training:
+            model.train()
+    return out
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = set()
+    gc = getattr(model, "generation_config", None)
+    e = getattr(gc, "eos_token_id", None) if gc is not None else None
+    for x in (e if isinstance(e, (list, tuple)) else [e]):
+        if x is not None:
+            ids.add(int(x))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def _cut_at_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> tuple[list[int], bool]:
+    """Keep tokens up to and including the first EOS (the EOS is part of the response's
+    likelihood: it is what makes a short answer short). Returns (ids, finished)."""
+    for k, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: k + 1], True
+    return ids, False
+
+
+class HFGenerator:
+    """The :class:`Generator` protocol over an in-process transformers model."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(self, prompts, n, sampling, seed=None):
+        return generate(self.model, self.tokenizer, prompts, n=n, sampling=sampling, seed=seed)

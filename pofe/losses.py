@@ -1,0 +1,138 @@
+"""Direct-alignment losses as pure functions (OAIF paper Eq. 1-3), with soft labels.
+
+All three share one signature::
+
+    loss(policy_chosen_logps, policy_rejected_logps,
+         ref_chosen_logps, ref_rejected_logps, *, beta, p=1.0) -> LossOutput
+
+Inputs are summed sequence log-probabilities of shape (B,). ``p`` is the soft
+preference target P(chosen > rejected) in [0, 1] (a float or a (B,) tensor);
+``p = 1`` gives exactly the paper's equations. Let
+
+    h = [log pi(y+|x) - log pi0(y+|x)] - [log pi(y-|x) - log pi0(y-|x)]
+
+be the log-ratio margin (the term inside Eq. 1-3). Then
+
+* DPO  (Eq. 1): ``-log sigma(beta*h)``. Soft: the Bradley-Terry cross-entropy
+  against p, ``-p log sigma(beta*h) - (1-p) log sigma(-beta*h)``, minimised at
+  ``beta*h = logit(p)`` (rlaif-constitutional-ai, "soft labels").
+* IPO  (Eq. 2): ``(h - 1/(2 beta))^2``. Soft: the target becomes
+  ``(2p - 1)/(2 beta)`` (Azar et al.: the IPO regression target is proportional to
+  p - 1/2), so p = 1/2 pulls the margin to 0 and p = 0 mirrors p = 1.
+* SLiC (Eq. 3): ``max(0, 1 - beta*h)``. Soft: the two hinge directions weighted by
+  p and 1-p, ``p max(0, 1 - beta*h) + (1-p) max(0, 1 + beta*h)``.
+
+Paper defaults (OAIF Sec. 4.1): beta = 0.1 (DPO), 1.0 (IPO), 0.002 (SLiC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
+
+
+@dataclass
+class LossOutput:
+    """Per-pair losses (B,) and the implicit rewards of DPO-style objectives.
+
+    ``chosen_rewards = beta * (log pi(y+) - log pi0(y+))`` and likewise for rejected;
+    ``margins = chosen_rewards - rejected_rewards = beta * h``.
+    """
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    margins: torch.Tensor
+
+    def __getitem__(self, key: str) -> torch.Tensor:  # dict-style access, e.g. out["losses"]
+        return getattr(self, key)
+
+
+class PreferenceLoss(Protocol):
+    def __call__(
+        self,
+        policy_chosen_logps: torch.Tensor,
+        policy_rejected_logps: torch.Tensor,
+        ref_chosen_logps: torch.Tensor,
+        ref_rejected_logps: torch.Tensor,
+        *,
+        beta: float,
+        p: float | torch.Tensor = 1.0,
+    ) -> LossOutput: ...
+
+
+def _prepare(pc, pr, rc, rr, beta, p):
+    chosen_logratio = pc - rc
+    rejected_logratio = pr - rr
+    h = chosen_logratio - rejected_logratio  # (B,)
+    p_t = torch.as_tensor(p, dtype=h.dtype, device=h.device)
+    if torch.any((p_t < 0) | (p_t > 1)):
+        raise ValueError("soft label p must lie in [0, 1]")
+    p_t = p_t.expand_as(h)
+    chosen_rewards = (beta * chosen_logratio).detach()
+    rejected_rewards = (beta * rejected_logratio).detach()
+    return h, p_t, chosen_rewards, rejected_rewards
+
+
+def dpo(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float = DEFAULT_BETA["dpo"],
+    p: float | torch.Tensor = 1.0,
+) -> LossOutput:
+    """DPO, OAIF Eq. 1; soft p gives the Bradley-Terry cross-entropy against p."""
+    h, p_t, cr, rr = _prepare(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, p)
+    z = beta * h
+    # logsigmoid is the numerically stable form of log(sigma(z)).
+    losses = -p_t * F.logsigmoid(z) - (1.0 - p_t) * F.logsigmoid(-z)
+    return LossOutput(losses, cr, rr, cr - rr)
+
+
+def ipo(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float = DEFAULT_BETA["ipo"],
+    p: float | torch.Tensor = 1.0,
+) -> LossOutput:
+    """IPO, OAIF Eq. 2; soft p moves the target margin to (2p - 1) / (2 beta)."""
+    h, p_t, cr, rr = _prepare(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, p)
+    target = (2.0 * p_t - 1.0) / (2.0 * beta)
+    losses = (h - target) ** 2
+    return LossOutput(losses, cr, rr, cr - rr)
+
+
+def slic(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float = DEFAULT_BETA["slic"],
+    p: float | torch.Tensor = 1.0,
+) -> LossOutput:
+    """SLiC hinge, OAIF Eq. 3; soft p weights the two hinge directions by p and 1 - p."""
+    h, p_t, cr, rr = _prepare(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, p)
+    z = beta * h
+    losses = p_t * torch.clamp(1.0 - z, min=0.0) + (1.0 - p_t) * torch.clamp(1.0 + z, min=0.0)
+    return LossOutput(losses, cr, rr, cr - rr)
+
+
+LOSSES: dict[str, Callable[..., LossOutput]] = {"dpo": dpo, "ipo": ipo, "slic": slic}
+
+
+def get_loss(name: str) -> Callable[..., LossOutput]:
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None

@@ -1,0 +1,48 @@
+"""Shared fixtures. Tiny random models are built in-process over the embedded model's real
+tokenizer (converted once into $POFE_HOME); nothing is downloaded from a hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from pofe.models import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    """A fresh tiny random Llama (2 layers, hidden 32) over the real tokenizer."""
+    from pofe.models import tiny_causal_lm
+
+    return tiny_causal_lm(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A tiny random model saved as a local directory (exercises the load-from-path code)."""
+    from pofe.models import tiny_causal_lm
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_causal_lm(tokenizer).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """../shared/data, or skip with a clear message when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data folder not found at {SHARED_DATA} (tests that read benchmark data need it)")
+    return SHARED_DATA
