@@ -1,0 +1,3 @@
+from pofe.cli.main import main
+
+main()
