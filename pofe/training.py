@@ -101,6 +101,12 @@ class Reference:
                 p.requires_grad_(False)
         self._policy = policy
 
+    @property
+    def module(self):
+        """The module that computes pi_0 (e.g. to share with an annotator of the same weights).
+        With LoRA it is the policy itself: call it only inside :meth:`model`."""
+        return self._policy if self.lora else self._frozen
+
     @contextlib.contextmanager
     def model(self) -> Iterator[Any]:
         """Yield a module computing reference outputs (no grad)."""
@@ -190,7 +196,9 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         if scheduler is not None:
             extra["scheduler"] = scheduler.state_dict()
         torch.save(extra, tmp / "trainer_state.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **(state or {})}, default=str))
+        # meta.json is for humans and tools: scalars only (buffers etc. live in trainer_state.pt)
+        small = {k: v for k, v in (state or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
+        (tmp / "meta.json").write_text(json.dumps({"step": step, **small}, default=str))
         if ckpt_dir.exists():
             shutil.rmtree(ckpt_dir)
         os.replace(tmp, ckpt_dir)
@@ -233,6 +241,22 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
             except ValueError:
                 continue
     return max(steps)[1] if steps else None
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` highest ``checkpoints/step-N`` folders (0 keeps all)."""
+    root = Path(run_dir) / "checkpoints"
+    if keep_last <= 0 or not root.is_dir():
+        return
+    steps = []
+    for d in root.iterdir():
+        if d.is_dir() and d.name.startswith("step-"):
+            try:
+                steps.append((int(d.name.split("-", 1)[1]), d))
+            except ValueError:
+                continue
+    for _, d in sorted(steps)[:-keep_last]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def save_final(model, tokenizer, out_dir: str | Path) -> Path:

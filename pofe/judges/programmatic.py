@@ -42,7 +42,13 @@ class ValueJudge:
         out = []
         for x, a, b, r in zip(prompts, responses_a, responses_b, refs):
             t0 = time.perf_counter()
-            p = _pref(self.value(x, a, r), self.value(x, b, r), self.temperature)
+            va, vb = self.value(x, a, r), self.value(x, b, r)
+            if va is None or vb is None:
+                # e.g. reference-overlap without a reference: no value, so no verdict.
+                out.append(Judgment(p=None, p_ab=None, p_ba=None, consistent=None, parse_ok=False, judge_id=self.id,
+                                    latency_s=time.perf_counter() - t0, extra={"error": "value unavailable"}))
+                continue
+            p = _pref(float(va), float(vb), self.temperature)
             out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=True, parse_ok=True, judge_id=self.id,
                                 latency_s=time.perf_counter() - t0))
         return out
@@ -50,8 +56,11 @@ class ValueJudge:
     def score(self, prompts, responses, *, references=None) -> list[Score]:
         check_batch(prompts, responses)
         refs = references or [None] * len(prompts)
-        return [Score(score=float(self.value(x, y, r)), parse_ok=True, judge_id=self.id)
-                for x, y, r in zip(prompts, responses, refs)]
+        out = []
+        for x, y, r in zip(prompts, responses, refs):
+            v = self.value(x, y, r)
+            out.append(Score(score=None if v is None else float(v), parse_ok=v is not None, judge_id=self.id))
+        return out
 
 
 def length_value(unit: str = "chars", prefer: str = "shorter") -> Callable[[str, str, str | None], float]:
@@ -69,3 +78,70 @@ def length_value(unit: str = "chars", prefer: str = "shorter") -> Callable[[str,
 
 def length_judge(prefer: str = "shorter", unit: str = "chars", temperature: float = 0.0) -> ValueJudge:
     return ValueJudge(length_value(unit, prefer), f"length:{prefer}:{unit}", temperature)
+
+
+def keyword_value(keywords, *, mode: str = "include", case_sensitive: bool = False):
+    """Value = number of ``keywords`` present (``include``) or minus that number
+    (``exclude``): an oracle for "mentions X" / "avoids X" preferences."""
+    if mode not in ("include", "exclude"):
+        raise ValueError(f"keyword judge: mode must be 'include' or 'exclude', got {mode!r}")
+    kws = [k if case_sensitive else k.lower() for k in keywords]
+    if not kws:
+        raise ValueError("keyword judge: give at least one keyword (judge.keywords)")
+    sign = 1.0 if mode == "include" else -1.0
+
+    def value(prompt: str, response: str, reference: str | None = None) -> float:
+        text = response if case_sensitive else response.lower()
+        return sign * sum(1 for k in kws if k in text)
+
+    return value
+
+
+def keyword_judge(keywords, *, mode: str = "include", case_sensitive: bool = False, temperature: float = 0.0) -> ValueJudge:
+    return ValueJudge(keyword_value(keywords, mode=mode, case_sensitive=case_sensitive),
+                      f"keyword:{mode}:{','.join(keywords)}", temperature)
+
+
+def rouge_l_value():
+    """Value = ROUGE-L F1 of the response against the item's reference (rouge-score,
+    stemmed); ``None`` without a reference, so the verdict is marked unreadable."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+    def value(prompt: str, response: str, reference: str | None = None) -> float | None:
+        if reference is None:
+            return None
+        return scorer.score(reference, response)["rougeL"].fmeasure
+
+    return value
+
+
+def reference_overlap_judge(temperature: float = 0.0) -> ValueJudge:
+    return ValueJudge(rouge_l_value(), "reference-overlap:rougeL", temperature)
+
+
+def import_callable(spec: str):
+    """``package.module:function`` -> the function (the only import-string judge kind)."""
+    import importlib
+
+    if ":" not in spec:
+        raise ValueError(f"callable judge: expected 'module:function', got {spec!r}")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        obj = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"callable judge: cannot import module {mod_name!r} ({e})") from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"callable judge: {mod_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ValueError(f"callable judge: {spec!r} is not callable")
+    return obj
+
+
+def callable_judge(spec: str, temperature: float = 0.0) -> ValueJudge:
+    """A judge from ``value(prompt, response, reference) -> float | None`` named ``module:function``."""
+    fn = import_callable(spec)
+    return ValueJudge(lambda x, y, r: fn(x, y, r), f"callable:{spec}", temperature)

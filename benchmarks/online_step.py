@@ -1,0 +1,80 @@
+"""Seconds per ``pofe online`` step at a fixed config (the ISSUE 4 benchmark).
+
+Config: the embedded SmolLM2-135M-Instruct policy, full fine-tuning in fp32 on CPU,
+4 prompts x 2 samples per step, 48 new tokens, temperature 0.9, DPO beta 0.1, AdamW
+lr 5e-7 (no warm-up effect on speed), no evaluation, judge cache off. ``--judge llm``: the
+embedded SmolLM2 as pairwise annotator (token probabilities), both orders in one batch;
+``--judge length``: the programmatic length judge (isolates the training side).
+
+Prints the median seconds per step excluding the first (wall clock between steps), the
+time split (generate / judge / reference / policy forward+backward / optimiser, medians)
+and the peak RSS of the process.
+
+Anchor on this 2-core machine (shared/docs/anchor-trl.md): TRL 1.16 OnlineDPOTrainer at
+this config, judge scoring one order, gradient checkpointing off: 23.3 s/step.
+
+    python benchmarks/online_step.py --judge llm --steps 6 [--json] [--prompts FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", default=None, help="Prompt file (default: pofe's built-in prompts).")
+    ap.add_argument("--judge", choices=["llm", "length"], default="llm")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--lora", action="store_true", help="LoRA r=16 instead of full fine-tuning.")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    from pofe.config import load_config
+    from pofe.loops.online import OnlineConfig, run
+    from pofe.runs import read_jsonl
+
+    out = tempfile.mkdtemp(prefix="pofe-bench-")
+    sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
+            "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
+            "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
+            "model.dtype=float32", "train.device=cpu", "eval.enabled=false", f"run.output_dir={out}",
+            "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
+    if args.prompts:
+        sets.append(f"data.prompts={args.prompts}")
+    cfg = load_config(OnlineConfig, None, sets)
+    t0 = time.perf_counter()
+    summary = run(cfg)
+    total = time.perf_counter() - t0
+    rows = read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
+    walls = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])]  # excludes step 1
+    med = lambda k: statistics.median(r[k] for r in rows[1:]) if len(rows) > 1 else rows[0][k]  # noqa: E731
+    split = {"generate": med("time_generate"), "judge": med("time_judge"), "reference": med("time_reference"),
+             "policy_fwd_bwd": med("time_policy"), "optimizer": med("time_optimizer")}
+    result = {
+        "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "seconds_per_step": round(statistics.median(walls), 2) if walls else None,
+        "seconds_per_step_in_loop": round(med("time_step"), 2),
+        "time_split_s": {k: round(v, 2) for k, v in split.items()},
+        "time_split_pct": {k: round(100 * v / sum(split.values()), 1) for k, v in split.items()},
+        "gen_tokens_per_step": med("gen_tokens"),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
+        "total_seconds": round(total, 1), "run_dir": summary["run_dir"],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"judge={args.judge} ({'LoRA' if args.lora else 'full fine-tuning'}): {result['seconds_per_step']} s/step "
+              f"(median of steps 2..{len(rows)}), peak RSS {result['peak_rss_gb']} GB")
+        print("  split: " + ", ".join(f"{k} {v:.2f} s ({result['time_split_pct'][k]:.0f}%)" for k, v in split.items()))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,44 @@
+"""``pofe audit``: validate a judge on human-labelled pairs; pass/fail against thresholds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    from pofe.evaluation.audit import AuditConfig
+
+    @app.command(help="Validate a judge on human-labelled pairs (pofe JSONL, HH-RLHF, LLMBar): agreement, position "
+                      "consistency, first-position win rate, length bias, p histogram, parse failures, contrast "
+                      "pairs. Exit status 1 when a threshold check fails; --output writes the report that "
+                      "`--require-audit` reads.")
+    def audit(
+        calibration: Optional[list[str]] = typer.Argument(None, help="Calibration files or folders."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="Judge kind (see pofe.judges.registry.JUDGES)."),
+        limit: Optional[int] = typer.Option(None, help="Seeded random subset of N items per file."),
+        contrast_limit: Optional[int] = typer.Option(None, help="Items each contrast kind is built from (50)."),
+        output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the report JSON here."),
+        config: Optional[Path] = ConfigOpt,
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        cfg = resolve_config(AuditConfig, config, set_, {
+            "calibration": calibration or None, "judge.kind": judge, "limit": limit,
+            "contrast_limit": contrast_limit, "output": output}, print_config)
+        from pofe.evaluation.audit import audit_from_config, format_audit
+
+        try:
+            report = audit_from_config(cfg)
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(report)
+        else:
+            typer.echo(format_audit(report))
+        raise typer.Exit(0 if report["passed"] else 1)

@@ -1,0 +1,45 @@
+"""``pofe label``: RL-CAI AI preference labels (soft p, both orders, sampled principle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(help="Sample two responses per prompt and label them with a pairwise judge under a sampled "
+                      "principle, both orders (RL-CAI); writes a soft-labelled preference set. Cached: re-labelling is free.")
+    def label(
+        config: Optional[Path] = ConfigOpt,
+        policy: Optional[str] = typer.Option(None, help="Model that samples the pair (default: embedded SmolLM2)."),
+        prompts: Optional[str] = typer.Option(None, help="Prompt source: file, advbench, xstest[:safe|:unsafe], hh-rlhf:harmless."),
+        pairs: Optional[str] = typer.Option(None, help="Label existing pairs (jsonl prompt/response_a/response_b) instead of sampling."),
+        max_prompts: Optional[int] = typer.Option(None, "--max-prompts"),
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
+        name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        from pofe.loops.label import LabelConfig, run
+
+        cfg = resolve_config(LabelConfig, config, set_, {
+            "policy": policy, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
+            "run.output_dir": output_dir, "run.name": name}, print_config)
+        try:
+            s = run(cfg)
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(s)
+            return
+        cons = s["consistency_rate"]
+        typer.echo(f"label: {s['parsed']}/{s['pairs']} pairs labelled by {s['judge']} "
+                   f"({s['labels_per_second']} labels/s); consistency {'n/a' if cons is None else f'{cons:.2f}'}; "
+                   f"cache {s['cache']}")
+        typer.echo(f"p histogram {s['p_histogram']['counts']}")
+        typer.echo(f"preferences: {s['files']['preferences']}")

@@ -1,0 +1,48 @@
+"""``pofe rl``: KL-regularised RLOO / GRPO against a reward model, a judge's expected score or a programmatic reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(help="KL-regularised policy optimisation (RLOO or GRPO group baselines; KL in reward or loss) "
+                      "against a reward model, a pointwise judge (direct RLAIF) or a programmatic reward.")
+    def rl(
+        config: Optional[Path] = ConfigOpt,
+        model: Optional[str] = typer.Option(None, help="Policy name, id or path (default: embedded SmolLM2)."),
+        prompts: Optional[str] = typer.Option(None, help="Prompt source."),
+        reward: Optional[str] = typer.Option(None, help="programmatic, reward-model or judge."),
+        reward_model: Optional[str] = typer.Option(None, "--reward-model", help="pofe rm output directory."),
+        algo: Optional[str] = typer.Option(None, help="rloo or grpo."),
+        steps: Optional[int] = typer.Option(None),
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
+        name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        from pofe.loops.rl import RLConfig, run
+
+        extra = {"model.name": model, "prompts": prompts, "reward.kind": reward, "reward.model": reward_model,
+                 "algo": algo, "steps": steps, "run.output_dir": output_dir, "run.name": name}
+        if reward_model and not reward:
+            extra["reward.kind"] = "reward-model"
+        cfg = resolve_config(RLConfig, config, set_, extra, print_config)
+        try:
+            s = run(cfg)
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(s)
+            return
+        b, a = s.get("eval_before") or {}, s.get("eval_after") or {}
+        typer.echo(f"rl ({s['algo']}, KL in {s['kl_in']}, beta {s['beta']}): {s['steps']} steps, reward {s['reward']}")
+        typer.echo(f"held-out reward {b.get('reward')} -> {a.get('reward')}; length {b.get('length')} -> {a.get('length')} tokens; "
+                   f"KL (last 5 steps) {s['last5']['kl']}")
+        typer.echo(f"model: {s['model_dir']}")

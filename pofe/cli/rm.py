@@ -1,0 +1,45 @@
+"""``pofe rm``: Bradley-Terry reward model on soft (AI) or hard (human) labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(help="Train a reward model (score head on a causal LM, LoRA or full) with the soft Bradley-Terry "
+                      "loss; reports held-out accuracy, calibration (ECE) and margins; saves with save_pretrained.")
+    def rm(
+        config: Optional[Path] = ConfigOpt,
+        train: Optional[list[str]] = typer.Option(None, "--train", help="Pair source (repeatable): preferences jsonl or hh-rlhf:helpful."),
+        model: Optional[str] = typer.Option(None, help="Base model name, id or path (default: embedded SmolLM2)."),
+        labels: Optional[str] = typer.Option(None, help="soft (default) or hard."),
+        epochs: Optional[int] = typer.Option(None),
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
+        name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        from pofe.loops.rm import RMConfig, run
+
+        cfg = resolve_config(RMConfig, config, set_, {
+            "data.train": train or None, "model.name": model, "data.labels": labels, "epochs": epochs,
+            "run.output_dir": output_dir, "run.name": name}, print_config)
+        try:
+            s = run(cfg)
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(s)
+            return
+        ev = s["eval"] or {}
+        m = ev.get("margin", {})
+        typer.echo(f"rm: {s['steps']} steps on {s['train_pairs']} pairs ({s['labels']} labels); held-out "
+                   f"accuracy {ev.get('accuracy')}, ECE {ev.get('ece')}, mean margin {m.get('mean')} "
+                   f"(labels imply {m.get('label_implied_mean')})")
+        typer.echo(f"model: {s['model_dir']}  (use as judge: --set judge.kind=reward-model --set judge.reward_model={s['model_dir']})")

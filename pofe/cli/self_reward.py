@@ -1,0 +1,55 @@
+"""``pofe self-reward``: Self-Rewarding LMs -- seed SFT (+EFT), self-instruct prompts, self-judged
+pairs, iterative DPO M1 -> M2 -> M3, reward-modelling metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("self-reward", help="Self-Rewarding LMs: the model writes prompts, answers them, judges its answers "
+                                     "with the additive rubric and trains on its own preferences (iterative DPO).")
+    def self_reward(
+        config: Optional[Path] = ConfigOpt,
+        iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Models M1..M_T (paper: 3)."),
+        model: Optional[str] = typer.Option(None, help="Base model name, id or path (default: embedded SmolLM2)."),
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
+        resume: Optional[str] = typer.Option(None, "--resume", help="Run folder to continue (finished stages are skipped)."),
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        from pofe.loops.self_reward import SelfRewardConfig
+
+        extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir, "resume": resume}
+        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config)
+        from pofe.data.prompts import DataError
+        from pofe.loops.self_reward import compact, run
+
+        try:
+            summary = run(cfg)
+        except DataError as e:
+            fail(str(e))
+        rows = compact(summary)
+        if json_out:
+            emit_json({"run_dir": summary["run_dir"], "seconds": summary["seconds"], "iterations": rows})
+            return
+        typer.echo(f"run: {summary['run_dir']}  ({summary['seconds']} s)")
+        for r in rows:
+            h = r.get("head_to_head_vs_prev") or {}
+            rm = r.get("rm_metrics") or {}
+            typer.echo(
+                f"M{r['iteration']}: prompts kept {r['prompts_kept']} of {r['prompts_generated']}, "
+                f"pairs {r['pairs_kept']} (dropped {r['pairs_dropped']}), mean score {_f(r['mean_score'])}, "
+                f"eval score {_f(r['eval_mean_score'])}, length {_f(r['mean_length_chars'])} chars, "
+                f"RM pairwise acc {_f(rm.get('pairwise_accuracy'))}, "
+                f"vs prev W/T/L {h.get('wins', '-')}/{h.get('ties', '-')}/{h.get('losses', '-')}")
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.3f}"

@@ -1,0 +1,214 @@
+"""Human-labelled calibration sets for ``pofe audit``: pofe's own JSONL form and adapters for
+the formats in ``../shared/data``.
+
+pofe's form, one JSON object per line::
+
+    {"prompt": "...", "response_a": "...", "response_b": "...", "label": "A"}
+
+``label`` is ``"A"``, ``"B"`` or ``"tie"`` (case-insensitive); the integers ``1``/``2`` (the
+LLMBar convention, 1 = response_a) and ``0.5`` (tie) are accepted too. Optional ``id``.
+
+Adapters:
+
+* HH-RLHF (``chosen``/``rejected`` full transcripts that share every turn but the last
+  assistant reply; ``.jsonl`` or ``.jsonl.gz``): the prompt is the dialogue up to the final
+  ``Assistant:`` turn, the responses are the two final replies. Pairs whose transcripts differ
+  before the last reply, or whose two replies are identical, are skipped (a label on
+  identical text says nothing about the judge). Chosen is always first in the file, so each
+  pair is put in a random order (seeded): without that, position bias would pass for
+  agreement.
+* LLMBar (``input``/``output_1``/``output_2``/``label`` in {1, 2}, a JSON array): mapped
+  as is (LLMBar's order is already mixed).
+
+A directory is searched for ``*.jsonl``, ``*.jsonl.gz`` and ``*.json`` files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Label = Literal["A", "B", "tie"]
+
+
+@dataclass(frozen=True)
+class CalibrationItem:
+    prompt: str
+    response_a: str
+    response_b: str
+    label: Label
+    source: str = ""
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def normalise_label(value: Any, where: str) -> Label:
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("a", "1"):
+            return "A"
+        if v in ("b", "2"):
+            return "B"
+        if v in ("tie", "t", "0.5", "equal"):
+            return "tie"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value == 1:
+            return "A"
+        if value == 2:
+            return "B"
+        if value == 0.5:
+            return "tie"
+    raise ValueError(f"{where}: label must be 'A', 'B' or 'tie' (or 1/2 as in LLMBar, 0.5 for a tie); got {value!r}")
+
+
+def _open_text(path: Path) -> str:
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8")
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    text = _open_text(path)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith(".json"):
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON array of records")
+        return data
+    rows = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i + 1}: invalid JSON ({e.msg})") from None
+    return rows
+
+
+def detect_format(record: dict[str, Any]) -> str:
+    keys = set(record)
+    if {"prompt", "response_a", "response_b", "label"} <= keys:
+        return "pofe"
+    if {"chosen", "rejected"} <= keys:
+        return "hh-rlhf"
+    if {"input", "output_1", "output_2", "label"} <= keys:
+        return "llmbar"
+    raise ValueError(f"unknown calibration format with keys {sorted(keys)}: expected pofe "
+                     "(prompt/response_a/response_b/label), HH-RLHF (chosen/rejected) or LLMBar "
+                     "(input/output_1/output_2/label)")
+
+
+_ASSISTANT = "\n\nAssistant:"
+_HUMAN = "\n\nHuman:"
+
+
+def split_hh_transcript(transcript: str) -> tuple[str, str]:
+    """(dialogue before the last assistant reply, that reply)."""
+    cut = transcript.rfind(_ASSISTANT)
+    if cut < 0:
+        raise ValueError("HH-RLHF transcript without an 'Assistant:' turn")
+    return transcript[:cut], transcript[cut + len(_ASSISTANT):].strip()
+
+
+def hh_prompt_text(context: str) -> str:
+    """The judge's view of the dialogue: a single human turn as plain text, a longer dialogue
+    as its ``Human:``/``Assistant:`` transcript."""
+    if context.count(_HUMAN) == 1 and _ASSISTANT not in context:
+        return context.replace(_HUMAN, "", 1).strip()
+    return context.strip()
+
+
+def from_hh_rlhf(rows: Iterable[dict[str, Any]], source: str, rng: np.random.Generator) -> tuple[list[CalibrationItem], int]:
+    items, skipped = [], 0
+    for i, r in enumerate(rows):
+        try:
+            ctx_c, chosen = split_hh_transcript(r["chosen"])
+            ctx_r, rejected = split_hh_transcript(r["rejected"])
+        except ValueError:
+            skipped += 1
+            continue
+        if ctx_c != ctx_r or chosen == rejected or not chosen or not rejected:
+            skipped += 1
+            continue
+        prompt = hh_prompt_text(ctx_c)
+        if rng.random() < 0.5:
+            items.append(CalibrationItem(prompt, chosen, rejected, "A", source, f"{source}:{i}"))
+        else:
+            items.append(CalibrationItem(prompt, rejected, chosen, "B", source, f"{source}:{i}"))
+    return items, skipped
+
+
+def from_llmbar(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
+    return [CalibrationItem(r["input"], r["output_1"], r["output_2"], normalise_label(r["label"], f"{source}[{i}]"),
+                            source, f"{source}:{i}") for i, r in enumerate(rows)]
+
+
+def from_pofe(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
+    return [CalibrationItem(r["prompt"], r["response_a"], r["response_b"],
+                            normalise_label(r["label"], f"{source}:{i + 1}"), source, r.get("id") or f"{source}:{i}")
+            for i, r in enumerate(rows)]
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.is_file() and (p.name.endswith((".jsonl", ".jsonl.gz", ".json"))))
+        if not found:
+            raise ValueError(f"{path}: no .jsonl, .jsonl.gz or .json files in this folder")
+        return found
+    if not path.exists():
+        raise FileNotFoundError(f"calibration file not found: {path}")
+    return [path]
+
+
+def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: int = 0) -> list[CalibrationItem]:
+    """Items of one file (format detected from its first record); ``limit`` draws a seeded
+    random subset of that many items (the whole file when ``None``)."""
+    path = Path(path)
+    rows = _records(path)
+    if not rows:
+        return []
+    fmt = detect_format(rows[0])
+    # One rng per file, seeded from the seed and the file name, so adding a file to the list
+    # never changes which items another file contributes.
+    rng = np.random.default_rng([seed, sum(path.name.encode())])
+    source = f"{path.parent.name}/{path.name}"
+    if fmt == "hh-rlhf":
+        items, skipped = from_hh_rlhf(rows, source, rng)
+        if skipped:
+            log.info("%s: skipped %d of %d pairs (different dialogue or identical replies)", path, skipped, len(rows))
+    elif fmt == "llmbar":
+        items = from_llmbar(rows, source)
+    else:
+        items = from_pofe(rows, source)
+    if limit is not None and limit < len(items):
+        pick = np.sort(rng.choice(len(items), size=limit, replace=False))
+        items = [items[i] for i in pick]
+    return items
+
+
+def load_calibration(paths: Iterable[str | Path], *, limit: int | None = None, seed: int = 0) -> list[CalibrationItem]:
+    """Items from files or folders; ``limit`` applies per file."""
+    out: list[CalibrationItem] = []
+    for p in paths:
+        for f in _files(Path(p)):
+            out.extend(load_calibration_file(f, limit=limit, seed=seed))
+    return out
+
+
+def write_calibration(items: Iterable[CalibrationItem], path: str | Path) -> None:
+    """Write items in pofe's JSONL form (e.g. to freeze a converted subset)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
+                                "label": it.label, "id": it.id}, ensure_ascii=False) + "\n")

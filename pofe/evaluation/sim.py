@@ -1,0 +1,198 @@
+"""``pofe sim``: the labelling-chain simulation of rlaif-constitutional-ai ("A toy run:
+agreement hides systematic bias").
+
+What it shows before any compute is spent: a judge can agree with humans about as often as
+humans agree with each other, and still hand its biases (here a position bias and a
+preference for a quality-free "length" feature) to every reward model trained on its labels.
+
+Setup, exactly as in the seed:
+
+* a response is ``x ~ N(0, I_d)`` (d = 12) with an independent length feature ``L ~ N(0, 1)``;
+  true utility ``u = w.x`` with ``w`` a random direction scaled to ``||w|| = 1.5``; L has
+  zero weight in u;
+* a pair compares two independent responses, the first shown first;
+* human label ``~ Bernoulli(sigmoid(du))`` (Bradley-Terry on u);
+* judge logit for "first is better" ``= du + 0.6 + 0.8 dL + eps``, ``eps ~ N(0, 0.6^2)``
+  drawn fresh for every query; judge probability ``sigmoid(logit)``; hard label
+  ``1[logit > 0]``;
+* the debiased label queries both orders (fresh noise each) and averages P(first of the
+  original pair better) as the judges do: ``p = (p_ab + p_ba) / 2`` (seed "debiasing by both
+  orders"; OAIF Appendix E);
+* linear Bradley-Terry reward models: logistic regression on ``[dx, dL]`` with an intercept
+  (the intercept absorbs the position bias, so the 13 feature weights are the RM), trained on
+  the same 5,000 pairs labelled by each source, tested on 20,000 fresh pairs against
+  ``sign(du)``.
+
+Every draw comes from one ``numpy.random.default_rng(seed)`` stream in a fixed order, so a
+seed pins every number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pofe.config import PofeConfig
+from pofe.evaluation.stats import fit_logistic, sigmoid
+
+
+class SimConfig(PofeConfig):
+    """The toy run's knobs (defaults = rlaif-constitutional-ai "A toy run")."""
+
+    seed: int = 0
+    dim: int = 12
+    """Quality features per response."""
+    w_norm: float = 1.5
+    """||w||, the scale of the true utility."""
+    position_bias: float = 0.6
+    """Judge logit bonus for the first-shown response."""
+    length_weight: float = 0.8
+    """Judge logit weight on the length difference (the true utility gives length zero weight)."""
+    noise: float = 0.6
+    """Standard deviation of the judge's per-query logit noise."""
+    n_agreement: int = 20_000
+    """Pairs for the agreement statistics."""
+    n_train: int = 5_000
+    """Pairs each reward model is trained on."""
+    n_test: int = 20_000
+    """Fresh pairs each reward model is tested on."""
+
+
+RM_SOURCES = ("human_hard", "judge_hard", "judge_debiased_hard", "judge_debiased_soft")
+
+
+class _Chain:
+    """The world of the toy run: the true utility and the two annotators."""
+
+    def __init__(self, cfg: SimConfig, rng: np.random.Generator):
+        self.cfg = cfg
+        self.rng = rng
+        w = rng.standard_normal(cfg.dim)
+        self.w = w * (cfg.w_norm / np.linalg.norm(w))
+
+    def pairs(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """n pairs of independent responses: returns (dx, dL, du), first minus second."""
+        d = self.cfg.dim
+        x1, x2 = self.rng.standard_normal((n, d)), self.rng.standard_normal((n, d))
+        l1, l2 = self.rng.standard_normal(n), self.rng.standard_normal(n)
+        dx, dl = x1 - x2, l1 - l2
+        return dx, dl, dx @ self.w
+
+    def human(self, du: np.ndarray) -> np.ndarray:
+        """1 = first better, sampled from Bradley-Terry on u."""
+        return (self.rng.random(du.shape[0]) < sigmoid(du)).astype(float)
+
+    def judge_logit(self, du: np.ndarray, dl: np.ndarray) -> np.ndarray:
+        """One query with the pair shown in the given order; logit of "first is better"."""
+        c = self.cfg
+        return du + c.position_bias + c.length_weight * dl + c.noise * self.rng.standard_normal(du.shape[0])
+
+    def judge_both_orders(self, du, dl) -> tuple[np.ndarray, np.ndarray]:
+        """Logits of the two queries, order (1, 2) then order (2, 1); fresh noise each."""
+        return self.judge_logit(du, dl), self.judge_logit(-du, -dl)
+
+
+def _debiased_p(logit_ab: np.ndarray, logit_ba: np.ndarray) -> np.ndarray:
+    # p_ab = P(first better) in order (1,2); in order (2,1) the first shown is response 2,
+    # so P(response 1 better) = 1 - sigmoid(logit_ba).  p = (p_ab + p_ba) / 2.
+    return 0.5 * (sigmoid(logit_ab) + 1.0 - sigmoid(logit_ba))
+
+
+def _rm_summary(fit, w_true, dx_test, dl_test, du_test) -> dict[str, float]:
+    q = fit.coef[:-1]
+    w_len = float(fit.coef[-1])
+    qnorm = float(np.linalg.norm(q))
+    score = dx_test @ q + w_len * dl_test  # reward difference, intercept (position) dropped
+    return {
+        "agreement_with_truth": float(np.mean(np.sign(score) == np.sign(du_test))),
+        "length_to_quality_ratio": w_len / qnorm,
+        "quality_weight_norm": qnorm,
+        "length_weight": w_len,
+        "intercept": float(fit.intercept),
+        "cosine_with_true_w": float(q @ w_true / (qnorm * np.linalg.norm(w_true))),
+    }
+
+
+def run_sim(cfg: SimConfig | None = None) -> dict[str, Any]:
+    """Run the toy labelling chain; returns the JSON-ready result (see ``pofe sim --json``)."""
+    cfg = cfg or SimConfig()
+    rng = np.random.default_rng(cfg.seed)
+    world = _Chain(cfg, rng)
+
+    # --- agreement statistics on n_agreement pairs ------------------------------------
+    dx, dl, du = world.pairs(cfg.n_agreement)
+    truth = (du > 0).astype(float)
+    h1 = world.human(du)
+    h2 = world.human(du)  # a second, independent human on the same pairs
+    logit_ab, logit_ba = world.judge_both_orders(du, dl)
+    judge_hard = (logit_ab > 0).astype(float)  # single order: pair shown as drawn
+    judge_ba_first = (logit_ba > 0)  # order (2, 1): did the first shown (response 2) win?
+    p_deb = _debiased_p(logit_ab, logit_ba)
+    judge_deb = (p_deb > 0.5).astype(float)
+    agree = {
+        "human_label_noise": float(np.mean(h1 != truth)),
+        "human_human_agreement": float(np.mean(h1 == h2)),
+        "judge_human_agreement": float(np.mean(judge_hard == h1)),
+        "judge_human_agreement_debiased": float(np.mean(judge_deb == h1)),
+        "judge_truth_agreement": float(np.mean(judge_hard == truth)),
+        "judge_truth_agreement_debiased": float(np.mean(judge_deb == truth)),
+        # Pairs are drawn i.i.d., so the order they are shown in is already random.
+        "first_position_win_rate": float(np.mean(judge_hard)),
+        "first_position_win_rate_debiased": float(np.mean(judge_deb)),
+        # Verdict changes when the order is swapped: order (1,2) says 1 and order (2,1)
+        # says 2 is consistent; "first wins" twice or "second wins" twice is a flip.
+        "order_flip_rate": float(np.mean((logit_ab > 0) == judge_ba_first)),
+        # The judge's own logit: length weight over the norm of its quality weights (= ||w||).
+        "judge_length_to_quality_ratio": cfg.length_weight / cfg.w_norm,
+    }
+    # The same ratio as a logistic fit of the judge's single-order hard labels sees it
+    # (noise shrinks all weights alike, so the ratio survives the fit).
+    fit_j = fit_logistic(np.column_stack([dx, dl]), judge_hard)
+    agree["judge_length_to_quality_ratio_fitted"] = float(fit_j.coef[-1] / np.linalg.norm(fit_j.coef[:-1]))
+
+    # --- reward models on n_train pairs, one labelling per source ---------------------
+    dx_tr, dl_tr, du_tr = world.pairs(cfg.n_train)
+    l_ab, l_ba = world.judge_both_orders(du_tr, dl_tr)
+    p_tr = _debiased_p(l_ab, l_ba)
+    targets = {
+        "human_hard": world.human(du_tr),
+        "judge_hard": (l_ab > 0).astype(float),
+        "judge_debiased_hard": (p_tr > 0.5).astype(float),
+        "judge_debiased_soft": p_tr,
+    }
+    feats = np.column_stack([dx_tr, dl_tr])
+    dx_te, dl_te, du_te = world.pairs(cfg.n_test)
+    rm = {name: _rm_summary(fit_logistic(feats, y), world.w, dx_te, dl_te, du_te) for name, y in targets.items()}
+
+    return {
+        "seed": cfg.seed,
+        "config": cfg.model_dump(),
+        **agree,
+        "rm": rm,
+        "true_w_norm": float(np.linalg.norm(world.w)),
+    }
+
+
+def format_sim(result: dict[str, Any]) -> str:
+    """A readable summary of :func:`run_sim`'s result."""
+    c = result["config"]
+    lines = [
+        f"labelling-chain simulation (seed {result['seed']}): d={c['dim']}, ||w||={c['w_norm']}, "
+        f"position bias {c['position_bias']}, length weight {c['length_weight']}, noise sd {c['noise']}",
+        "",
+        f"  human label noise (vs true ranking)   {result['human_label_noise']:.3f}",
+        f"  human-human agreement                 {result['human_human_agreement']:.3f}",
+        f"  judge-human agreement (one order)     {result['judge_human_agreement']:.3f}",
+        f"  judge-human agreement (both orders)   {result['judge_human_agreement_debiased']:.3f}",
+        f"  first-position win rate (one order)   {result['first_position_win_rate']:.3f}",
+        f"  first-position win rate (both orders) {result['first_position_win_rate_debiased']:.3f}",
+        f"  order flip rate                       {result['order_flip_rate']:.3f}",
+        f"  judge length/quality weight ratio     {result['judge_length_to_quality_ratio']:.3f}",
+        "",
+        f"  {'reward model trained on':<24}{'agree w/ truth':>15}{'length/quality':>16}{'|quality w|':>13}",
+    ]
+    for name, r in result["rm"].items():
+        lines.append(f"  {name:<24}{r['agreement_with_truth']:>15.3f}{r['length_to_quality_ratio']:>16.3f}"
+                     f"{r['quality_weight_norm']:>13.3f}")
+    return "\n".join(lines)

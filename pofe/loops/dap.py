@@ -1,0 +1,170 @@
+"""The shared direct-alignment (DAP) update: pairs -> policy / reference log-probs -> loss
+-> backward. Used by ``pofe online`` in all three modes (online, iterative, offline) and by
+any loop that runs DPO / IPO / SLiC on pairs (OAIF Algorithm 1, lines "compute the loss"
+and "update": the gradient flows only through log pi_theta; sampling and annotation are
+constants, OAIF Sec. 3 "stop_gradient").
+
+Design notes
+------------
+* One padded batch holds the chosen rows then the rejected rows of a micro-batch, so the
+  policy and the reference each run **one** forward per micro-batch; the reference pass is
+  under ``torch.no_grad`` (no graph kept).
+* The loss of a micro-batch is ``sum(per-pair losses) / normaliser`` where the caller sets
+  ``normaliser`` to the number of trained pairs in the whole optimiser step (divided by the
+  data-parallel world size, because DDP averages gradients). The step's gradient is then
+  the mean over all its pairs whatever the micro-batch split, which is what makes
+  "batch 8 x accumulation 1 == batch 1 x accumulation 8" hold (tests/test_online_invariants.py).
+* Under data parallelism every process must run the same number of backward passes; a
+  micro-batch left empty (all its pairs masked) runs a zero-weighted dummy forward so the
+  gradient all-reduce never deadlocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from pofe.logprobs import SequenceBatch, build_batch, sequence_logprobs
+from pofe.losses import LossOutput
+
+
+@dataclass(frozen=True)
+class TokenPair:
+    """A labelled pair ready for training: token ids (never re-tokenised) and the target
+    ``p`` = P(chosen better than rejected); 1.0 for hard labels."""
+
+    prompt_ids: tuple[int, ...]
+    chosen_ids: tuple[int, ...]
+    rejected_ids: tuple[int, ...]
+    p: float = 1.0
+    pair_id: str = ""
+
+    def to_dict(self) -> dict:
+        return {"prompt_ids": list(self.prompt_ids), "chosen_ids": list(self.chosen_ids),
+                "rejected_ids": list(self.rejected_ids), "p": self.p, "pair_id": self.pair_id}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokenPair":
+        return cls(tuple(d["prompt_ids"]), tuple(d["chosen_ids"]), tuple(d["rejected_ids"]), float(d["p"]), d["pair_id"])
+
+
+@dataclass
+class PairStats:
+    """Per-pair outputs of the update (all detached floats)."""
+
+    pair_id: str
+    loss: float
+    margin: float  # beta * h, the implicit reward margin (OAIF Eq. 1's argument)
+    chosen_reward: float
+    rejected_reward: float
+    kl: float  # mean over the two responses of log pi(y|x) - log pi0(y|x) (k1 estimate)
+    p: float
+
+
+@dataclass
+class DapResult:
+    pairs: list[PairStats] = field(default_factory=list)
+    time_ref: float = 0.0
+    time_policy: float = 0.0
+    tokens: int = 0  # prompt + completion tokens through the policy
+
+
+def split_even(items: Sequence, parts: int) -> list[list]:
+    """Split into ``parts`` contiguous chunks whose sizes differ by at most one (some may be
+    empty when there are fewer items than parts)."""
+    n = len(items)
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(list(items[start:start + size]))
+        start += size
+    return out
+
+
+def pairs_batch(pairs: Sequence[TokenPair], pad_token_id: int, device) -> SequenceBatch:
+    """(2m, T) batch: rows 0..m-1 are prompt+chosen, rows m..2m-1 prompt+rejected."""
+    prompts = [p.prompt_ids for p in pairs] * 2
+    completions = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
+    b = build_batch(prompts, completions, pad_token_id=pad_token_id, padding_side="right")
+    return SequenceBatch(b.input_ids.to(device), b.attention_mask.to(device), b.completion_mask.to(device))
+
+
+def dap_backward(
+    policy,
+    reference,
+    pairs: Sequence[TokenPair],
+    *,
+    loss_fn: Callable[..., LossOutput],
+    beta: float,
+    micro_batches: int,
+    normaliser: float,
+    pad_token_id: int,
+    backward: Callable[[torch.Tensor], None] | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    lockstep: bool = False,
+    device=None,
+) -> DapResult:
+    """Accumulate the gradient of the mean DAP loss over ``pairs`` into ``policy``.
+
+    Args:
+        policy: the trained model (possibly DDP-wrapped); called for log pi_theta.
+        reference: a :class:`pofe.training.Reference`; its ``model()`` gives pi_0 (no grad).
+        pairs: the labelled pairs of this process for this optimiser step.
+        loss_fn: one of :data:`pofe.losses.LOSSES` (pure function, soft labels via ``p``).
+        micro_batches: gradient-accumulation steps; the pairs are split evenly over them.
+        normaliser: divide the summed loss by this (see module docstring).
+        backward: how to back-propagate (``accelerator.backward``); default ``loss.backward()``.
+        no_sync: context manager factory suppressing the gradient all-reduce on all but the
+            last micro-batch (``lambda: accelerator.no_sync(model)``).
+        lockstep: run a zero-weight dummy pass for empty micro-batches (data parallel).
+
+    Returns:
+        Per-pair losses and implicit rewards, plus time split and token count.
+    """
+    backward = backward or (lambda loss: loss.backward())
+    device = device if device is not None else next(policy.parameters()).device
+    result = DapResult()
+    chunks = split_even(list(pairs), micro_batches)
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+        with ctx:
+            if not chunk:
+                if lockstep:
+                    _dummy_backward(policy, pad_token_id, device, backward)
+                continue
+            batch = pairs_batch(chunk, pad_token_id, device)
+            m = len(chunk)
+            t0 = time.perf_counter()
+            with reference.model() as ref_model:  # pi_0, no grad, one pass for both responses
+                ref_lp = sequence_logprobs(ref_model, batch)
+            t1 = time.perf_counter()
+            pol_lp = sequence_logprobs(policy, batch)  # log pi_theta(y|x), (2m,)
+            p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
+            out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)
+            backward(out.losses.sum() / normaliser)
+            result.time_policy += time.perf_counter() - t1
+            result.time_ref += t1 - t0
+            result.tokens += int(batch.attention_mask.sum())
+            with torch.no_grad():
+                logratio = (pol_lp - ref_lp).detach()
+                kl = (logratio[:m] + logratio[m:]) / 2
+            for j, pr in enumerate(chunk):
+                result.pairs.append(PairStats(
+                    pair_id=pr.pair_id, loss=float(out.losses[j].detach()), margin=float(out.margins[j]),
+                    chosen_reward=float(out.chosen_rewards[j]), rejected_reward=float(out.rejected_rewards[j]),
+                    kl=float(kl[j]), p=pr.p))
+    return result
+
+
+def _dummy_backward(policy, pad_token_id: int, device, backward) -> None:
+    """A forward/backward that contributes exactly zero gradient but takes part in the
+    data-parallel all-reduce (every process must reduce the same number of times)."""
+    ids = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
+    logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    backward(logits.sum() * 0.0)

@@ -1,0 +1,248 @@
+"""``pofe label``: stage 2 of Constitutional AI (RL-CAI), AI preference labels.
+
+rlaif-constitutional-ai, "Stage 2: AI preference labels": sample two responses per prompt
+from the (SL-CAI) policy at a temperature around 1.0, show both to a feedback model under one
+principle sampled from the constitution, read P("A") vs P("B") in *both orders* and average
+(``p = ½(p₁₂ + 1 − p₂₁)``), optionally with chain-of-thought and the clamp to [0.4, 0.6].
+The judge (``pofe.judges``, kind ``llm`` with a constitution) does the reading, the
+principle sampling and the caching; this loop samples the pairs, calls it in batches and
+writes:
+
+* ``labels.jsonl`` -- one row per pair: prompt, both responses, p, per-order p_ab / p_ba,
+  consistency, parse status, principle id, constitution version, template id and hash,
+  judge id, whether it came from the cache;
+* ``preferences.jsonl`` -- :class:`~pofe.records.PreferencePair` rows oriented so the
+  judge's favourite is ``chosen`` and ``p = max(p, 1 − p)`` (what ``pofe rm`` and DPO read);
+* ``summary.json`` -- the judge-fitness numbers the seed asks for before any reward model
+  is trained ("Validate the judge before you validate anything else"): position
+  consistency, first-position win rate, correlation of p with the length difference, the
+  histogram of p, throughput (labels/s) and cache hits/misses.
+
+Re-running on the same inputs is free: every ordered read is in the judge's SQLite cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Sequence
+
+from pydantic import Field
+
+from pofe.config import PofeConfig
+from pofe.generation import SamplingConfig
+from pofe.judges.registry import JudgeConfig
+from pofe.models import DEFAULT_MODEL
+from pofe.records import Judgment, PreferencePair
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+
+log = logging.getLogger(__name__)
+
+
+class LabelJudgeConfig(JudgeConfig):
+    """The judge of ``pofe label``: RL-CAI's multiple-choice constitution template under one
+    sampled principle of the shipped harmless + helpful + honest constitution by default.
+
+    A subclass (not a default instance) so the defaults survive partial overrides such as
+    ``--set judge.cache.path=...``."""
+
+    template: str = "constitution"
+    constitution: str | None = "hhh"
+
+
+class LabelConfig(PofeConfig):
+    """``pofe label`` (RL-CAI preference labels)."""
+
+    policy: str = DEFAULT_MODEL
+    """Model that samples the two responses (the SL-CAI model in the CAI pipeline)."""
+    trust_remote_code: bool = False
+    prompts: str = "hh-rlhf:harmless"
+    """Prompt source: a file or advbench, xstest[:safe|:unsafe], hh-rlhf:harmless, hh-rlhf:helpful."""
+    max_prompts: int | None = 32
+    pairs: str | None = None
+    """Label existing pairs instead of sampling: a jsonl with prompt, response_a, response_b
+    (or prompt, chosen, rejected)."""
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=1.0)
+    """Seed: "temperature around 1.0" so the two samples differ."""
+    judge: LabelJudgeConfig = LabelJudgeConfig()
+    batch_size: int = 16
+    """Pairs per judge call."""
+    drop_inconsistent: bool = False
+    """Leave order-inconsistent pairs out of preferences.jsonl (seed: "drop pairs where the two
+    orders disagree ... if you need clean labels"); they stay in labels.jsonl."""
+    seed: int = 0
+    run: RunConfig = RunConfig()
+
+
+# ----------------------------------------------------------------------------- core logic
+
+def label_row(prompt: str, a: str, b: str, j: Judgment) -> dict[str, Any]:
+    """One labels.jsonl row (everything needed to trace the label back to its annotation)."""
+    return {
+        "prompt": prompt, "response_a": a, "response_b": b,
+        "p": j.p, "p_ab": j.p_ab, "p_ba": j.p_ba, "consistent": j.consistent, "parse_ok": j.parse_ok,
+        "principle_id": j.principle_id, "constitution_version": j.constitution_version,
+        "template_id": j.template_id, "template_hash": j.template_hash, "judge_id": j.judge_id,
+        "cached": j.cached, "hard_label_fallback": j.hard_label_fallback,
+        "raw": list(j.raw),  # per-order generated text (the reasoning, with chain-of-thought)
+        "extra": {k: v for k, v in (j.extra or {}).items() if isinstance(v, (str, int, float, bool, list, type(None)))},
+    }
+
+
+def to_preference(row: dict[str, Any]) -> PreferencePair | None:
+    """Orient a labelled pair so ``chosen`` is the judge's favourite and ``p = max(p, 1 − p)``.
+
+    Soft losses do not care about orientation (BCE(Δ, p) = BCE(−Δ, 1 − p)); hard-label
+    consumers (accuracy, DPO with p = 1) then read the judge's verdict directly.
+    Unparsed rows (p is None) give no pair: a judge never invents a label.
+    """
+    p = row["p"]
+    if p is None:
+        return None
+    a, b = row["response_a"], row["response_b"]
+    chosen, rejected, q = (a, b, p) if p >= 0.5 else (b, a, 1.0 - p)
+    prov = {k: row[k] for k in ("judge_id", "principle_id", "constitution_version", "template_id", "template_hash",
+                                "p_ab", "p_ba", "consistent")}
+    prov["source"] = "pofe-label"
+    prov["swapped"] = p < 0.5
+    return PreferencePair(prompt=row["prompt"], chosen=chosen, rejected=rejected, p=float(q), provenance=prov)
+
+
+def label_stats(rows: Sequence[dict[str, Any]], *, bins: int = 10) -> dict[str, Any]:
+    """Judge-fitness statistics over labelled rows (seed, "Validate the judge ...").
+
+    * consistency_rate: share of both-order-parsed pairs whose two orders agree;
+    * first_position_win_rate: mean over pairs of ½(p_ab + 1 − p_ba) = P(first-shown wins),
+      0.5 for a judge without position bias;
+    * length_correlation: Pearson r between p − ½ and len(A) − len(B) in characters
+      (positive = longer wins);
+    * p_histogram: counts of p in ``bins`` equal bins over [0, 1] (piled at 0 and 1 =
+      overconfident labels, seed "Overconfident labels"); mean |p − ½| as one number.
+    """
+    from pofe.evaluation.stats import pearson
+
+    parsed = [r for r in rows if r["p"] is not None]
+    both = [r for r in parsed if r["p_ab"] is not None and r["p_ba"] is not None]
+    hist = [0] * bins
+    for r in parsed:
+        hist[min(int(r["p"] * bins), bins - 1)] += 1
+    cons = [r["consistent"] for r in both if r["consistent"] is not None]
+    principles: dict[str, int] = {}
+    for r in parsed:
+        k = str(r.get("principle_id"))
+        principles[k] = principles.get(k, 0) + 1
+    return {
+        "pairs": len(rows),
+        "parsed": len(parsed),
+        "parse_failures": len(rows) - len(parsed),
+        "consistency_rate": sum(cons) / len(cons) if cons else None,
+        "first_position_win_rate": (sum(0.5 * (r["p_ab"] + 1 - r["p_ba"]) for r in both) / len(both)) if both else None,
+        "length_correlation": pearson([r["p"] - 0.5 for r in parsed],
+                                      [len(r["response_a"]) - len(r["response_b"]) for r in parsed]) if len(parsed) > 2 else None,
+        "mean_p": sum(r["p"] for r in parsed) / len(parsed) if parsed else None,
+        "mean_confidence": sum(abs(r["p"] - 0.5) for r in parsed) / len(parsed) if parsed else None,
+        "p_histogram": {"edges": [round(i / bins, 3) for i in range(bins + 1)], "counts": hist},
+        "principle_counts": principles,
+    }
+
+
+def sample_pairs(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, seed: int) -> list[tuple[str, str, str]]:
+    """Two samples per prompt (one ``generate`` call with n=2 per batch, KV cache shared)."""
+    from pofe.generation import generate
+
+    outs = generate(model, tokenizer, list(prompts), n=2, sampling=sampling, seed=seed)
+    return [(x, g[0].text, g[1].text) for x, g in zip(prompts, outs)]
+
+
+def read_pairs(path: str) -> list[tuple[str, str, str]]:
+    from pofe.runs import read_jsonl
+
+    out = []
+    for r in read_jsonl(path):
+        a = r.get("response_a", r.get("chosen"))
+        b = r.get("response_b", r.get("rejected"))
+        if a is None or b is None:
+            raise ValueError(f"{path}: each row needs response_a/response_b (or chosen/rejected), got keys {sorted(r)}")
+        out.append((r["prompt"], a, b))
+    return out
+
+
+def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -> dict[str, Any]:
+    """Cache hits/misses of this run: ordered reads (from the shared Judgment summary, which
+    reads each judgment's per-order counts) and whole judgments served from the cache."""
+    return {"judgments": len(judgments), "judgments_cached": sum(bool(j.cached) for j in judgments),
+            "hits": judge_summary.get("cache_hits", 0), "misses": judge_summary.get("cache_misses", 0),
+            "hit_rate": judge_summary.get("cache_hit_rate")}
+
+
+# ----------------------------------------------------------------------------- the command
+
+def run(cfg: LabelConfig, *, policy=None, tokenizer=None, judge=None) -> dict[str, Any]:
+    """Setup -> sample + label loop -> save. Returns the summary (also ``summary.json``)."""
+    from pofe.judges.registry import build_judge
+    from pofe.loops.rlaif_data import load_prompts
+    from pofe.training import seed_everything
+
+    # --- setup
+    seed_everything(cfg.seed)
+    run_dir = new_run_dir(cfg.run, "label")
+    write_config(run_dir, cfg)
+    judge = judge if judge is not None else build_judge(cfg.judge)
+    t0 = time.perf_counter()
+    if cfg.pairs:
+        pairs = read_pairs(cfg.pairs)
+        if cfg.max_prompts is not None:
+            pairs = pairs[: cfg.max_prompts]
+    else:
+        prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
+        if policy is None:
+            from pofe.models import load_model
+
+            policy, tokenizer = load_model(cfg.policy, trust_remote_code=cfg.trust_remote_code)
+        pairs = sample_pairs(policy, tokenizer, prompts, cfg.sampling, cfg.seed)
+    sample_s = time.perf_counter() - t0
+    # Identical samples carry no preference (oat masks them out too); count, don't label.
+    identical = sum(a.strip() == b.strip() for _, a, b in pairs)
+    pairs = [(x, a, b) for x, a, b in pairs if a.strip() != b.strip()]
+    log.info("label: %d pairs (%d identical dropped), judge %s", len(pairs), identical, getattr(judge, "id", "?"))
+
+    # --- loop: judge in batches, write as we go
+    rows: list[dict[str, Any]] = []
+    judgments: list[Judgment] = []
+    t1 = time.perf_counter()
+    n_pref = 0
+    with JsonlWriter(run_dir / "labels.jsonl") as lw, JsonlWriter(run_dir / "preferences.jsonl") as pw:
+        for start in range(0, len(pairs), cfg.batch_size):
+            chunk = pairs[start : start + cfg.batch_size]
+            js = judge.judge([x for x, _, _ in chunk], [a for _, a, _ in chunk], [b for _, _, b in chunk])
+            for (x, a, b), j in zip(chunk, js):
+                row = label_row(x, a, b, j)
+                rows.append(row)
+                judgments.append(j)
+                lw.write(row)
+                pair = to_preference(row)
+                if pair is not None and not (cfg.drop_inconsistent and row["consistent"] is False):
+                    pw.write(pair.to_dict())
+                    n_pref += 1
+    judge_s = time.perf_counter() - t1
+
+    # --- save
+    stats = label_stats(rows)
+    from pofe.judges.summary import summarize_judgments
+
+    judge_summary = summarize_judgments(judgments, seconds=judge_s)
+    summary = {
+        "run_dir": str(run_dir),
+        "judge": getattr(judge, "id", cfg.judge.kind),
+        **stats,
+        "identical_dropped": identical,
+        "preference_pairs": n_pref,
+        "cache": cache_counts(judgments, judge_summary),
+        "judge_summary": judge_summary,
+        "seconds": {"sample": round(sample_s, 3), "judge": round(judge_s, 3)},
+        "labels_per_second": round(len(rows) / judge_s, 3) if judge_s > 0 else None,
+        "files": {"labels": str(run_dir / "labels.jsonl"), "preferences": str(run_dir / "preferences.jsonl")},
+    }
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    return summary

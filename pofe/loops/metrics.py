@@ -1,0 +1,179 @@
+"""Per-step training metrics (pure functions) and the sinks they go to.
+
+``metrics.jsonl`` is always written (the report command reads it); TensorBoard is used
+when installed (``log.tensorboard: null`` = auto) and W&B / MLflow only when asked.
+Keys kept stable for readers: step, loss, mean_p, consistency_rate, mean_len, kl,
+winrate_vs_init, time_generate, time_judge, time_train.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from pofe.runs import JsonlWriter
+
+P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def p_histogram(ps: Sequence[float]) -> list[int]:
+    """Counts of P(A better) in the bins [0, .2), [.2, .4), [.4, .6), [.6, .8), [.8, 1]."""
+    counts = [0] * (len(P_BINS) - 1)
+    for p in ps:
+        k = min(int(p * 5), 4)
+        counts[k] += 1
+    return counts
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(statistics.fmean(xs)) if xs else None
+
+
+def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any], counts: dict[str, int],
+                 times: dict[str, float], gen_tokens: int, num_samples: int, lr: float, gen_chars: int = 0,
+                 grad_norm: float | None) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row from everything a step produced (all processes gathered).
+
+    Args:
+        annotations: ledger rows of this step (``p``, ``consistent`` per judged pair); empty
+            in offline mode.
+        pairs: :class:`pofe.loops.dap.PairStats` of the trained pairs.
+        counts: trained / identical / unlabelled / ties.
+        times: seconds for generate, judge, reference, policy, optimizer and the whole step.
+    """
+    labelled = [a for a in annotations if a.get("p") is not None]
+    ps = [float(a["p"]) for a in labelled]
+    cons = [bool(a["consistent"]) for a in labelled if a.get("consistent") is not None]
+    train_time = times.get("reference", 0.0) + times.get("policy", 0.0) + times.get("optimizer", 0.0)
+    row: dict[str, Any] = {
+        "step": step,
+        "wall_time": time.time(),
+        "loss": _mean([p.loss for p in pairs]),
+        # Implicit rewards beta*log(pi/pi0) (DPO's reward, OAIF Eq. 1): margin and how often
+        # the chosen response already gets the larger one ("accuracy").
+        "reward_margin": _mean([p.margin for p in pairs]),
+        "reward_accuracy": _mean([1.0 if p.margin > 0 else 0.0 for p in pairs]),
+        "chosen_reward": _mean([p.chosen_reward for p in pairs]),
+        "rejected_reward": _mean([p.rejected_reward for p in pairs]),
+        # mean_p: the judge's confidence in the response it prefers, max(p, 1 - p);
+        # mean_p_a: raw mean of P(A better) (near 0.5 unless the sampler orders pairs).
+        "mean_p": _mean([max(p, 1 - p) for p in ps]),
+        "mean_p_a": _mean(ps),
+        "p_hist": p_histogram(ps) if ps else None,
+        "consistency_rate": _mean([1.0 if c else 0.0 for c in cons]),
+        "mean_len": gen_tokens / num_samples if num_samples else None,  # tokens per sampled response
+        "mean_chars": gen_chars / num_samples if num_samples else None,
+        # k1 estimate of KL(pi || pi0) per sequence on the sampled responses.
+        "kl": _mean([p.kl for p in pairs]),
+        "annotations": counts.get("annotations", 0),
+        "pairs": counts.get("trained", 0),
+        "identical_pairs": counts.get("identical", 0),
+        "unlabelled_pairs": counts.get("unlabelled", 0),
+        "tie_pairs": counts.get("ties", 0),
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "time_generate": times.get("generate", 0.0),
+        "time_judge": times.get("judge", 0.0),
+        "time_reference": times.get("reference", 0.0),
+        "time_policy": times.get("policy", 0.0),
+        "time_optimizer": times.get("optimizer", 0.0),
+        "time_train": train_time,
+        "time_step": times.get("step", 0.0),
+        "gen_tokens": gen_tokens,
+        "tokens_per_s": gen_tokens / times["generate"] if times.get("generate") else None,
+    }
+    return row
+
+
+class MetricsSink:
+    """metrics.jsonl plus optional TensorBoard / W&B / MLflow."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool | None, wandb: bool, mlflow: bool, config: dict):
+        self.jsonl = JsonlWriter(Path(run_dir) / "metrics.jsonl")
+        self.tb = self._wandb = self._mlflow = None
+        if tensorboard is not False:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            except ImportError:
+                if tensorboard:
+                    raise RuntimeError("log.tensorboard is true but tensorboard is not installed: pip install tensorboard") from None
+        if wandb:
+            try:
+                import wandb as _wandb
+            except ImportError:
+                raise RuntimeError("log.wandb is true but wandb is not installed: pip install wandb") from None
+            self._wandb = _wandb.init(project="pofe", name=Path(run_dir).name, config=config, dir=str(run_dir))
+        if mlflow:
+            try:
+                import mlflow as _mlflow
+            except ImportError:
+                raise RuntimeError("log.mlflow is true but mlflow is not installed: pip install mlflow") from None
+            _mlflow.start_run(run_name=Path(run_dir).name)
+            self._mlflow = _mlflow
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.jsonl.write(row)
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        step = int(row.get("step", 0))
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(scalars, step=step)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+
+
+def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | None = None) -> dict[str, Any]:
+    """The end-of-run summary from ``metrics.jsonl`` rows (so a resumed run summarises the
+    whole run, not just the part after the resume).
+
+    ``mean_len_first`` / ``mean_len_last`` average the sampled responses' token length over
+    the first / last ``window`` steps (default: a tenth of the run, 1 to 5 steps), because
+    one step's 8 samples are noisy.
+    """
+    train = [r for r in rows if "loss" in r or "mean_len" in r]
+    n = len(train)
+    w = window or max(1, min(5, n // 10))
+    lens = [r["mean_len"] for r in train if r.get("mean_len") is not None]
+    chars = [r["mean_chars"] for r in train if r.get("mean_chars") is not None]
+    times = [r["time_step"] for r in train if r.get("time_step")]
+    parts = {k: sum(r.get(f"time_{k}", 0.0) or 0.0 for r in train)
+             for k in ("generate", "judge", "reference", "policy", "optimizer")}
+    total = sum(parts.values()) or 1.0
+    last_eval = eval_rows[-1] if eval_rows else None
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "annotations": sum(r.get("annotations", 0) or 0 for r in train),
+        "trained_pairs": sum(r.get("pairs", 0) or 0 for r in train),
+        "identical_pairs": sum(r.get("identical_pairs", 0) or 0 for r in train),
+        "unlabelled_pairs": sum(r.get("unlabelled_pairs", 0) or 0 for r in train),
+        "tie_pairs": sum(r.get("tie_pairs", 0) or 0 for r in train),
+        "mean_len_first": _mean(lens[:w]),
+        "mean_len_last": _mean(lens[-w:]),
+        "mean_len_window": w,
+        "mean_chars_first": _mean(chars[:w]),
+        "mean_chars_last": _mean(chars[-w:]),
+        "loss_first": train[0].get("loss") if train else None,
+        "loss_last": train[-1].get("loss") if train else None,
+        "winrate_vs_init": last_eval["winrate_vs_init"] if last_eval else None,
+        "eval": last_eval,
+        # median over steps, excluding the first (it pays one-off warm-up costs)
+        "seconds_per_step": statistics.median(times[1:] if len(times) > 1 else times) if times else None,
+        "time_split": {k: round(v / total, 3) for k, v in parts.items()},
+        "time_split_seconds": {k: round(v, 2) for k, v in parts.items()},
+    }

@@ -1,0 +1,116 @@
+"""pofe label (RL-CAI labels): orientation, judge-fitness statistics, the run, and the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pofe.loops.label import LabelConfig, label_stats, run, to_preference
+from pofe.records import Judgment
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models run ~20x faster single-threaded on a shared CPU (thread contention)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _row(p, p_ab=None, p_ba=None, a="aa", b="b", consistent=None):
+    return {"prompt": "x", "response_a": a, "response_b": b, "p": p, "p_ab": p_ab, "p_ba": p_ba, "consistent": consistent,
+            "judge_id": "j", "principle_id": "pr", "constitution_version": "1", "template_id": "t", "template_hash": "h"}
+
+
+def test_to_preference_orients_to_the_favourite():
+    q = to_preference(_row(0.581, 0.711, 0.450, consistent=False))  # the seed's worked example
+    assert (q.chosen, q.rejected, q.p) == ("aa", "b", 0.581)
+    q = to_preference(_row(0.2))
+    assert (q.chosen, q.rejected) == ("b", "aa") and q.p == pytest.approx(0.8) and q.provenance["swapped"]
+    assert to_preference(_row(None)) is None  # no label invented
+
+
+def test_label_stats_by_hand():
+    rows = [
+        _row(0.581, 0.711, 0.450, a="aaaa", b="b", consistent=False),  # first-shown wins: (0.711 + 0.55)/2 = 0.6305
+        _row(0.9, 0.95, 0.85, a="a", b="bbbb", consistent=True),       # (0.95 + 0.15)/2 = 0.55
+        _row(0.1, 0.05, 0.15, a="aa", b="bb", consistent=True),        # (0.05 + 0.85)/2 = 0.45
+        _row(None),
+    ]
+    s = label_stats(rows)
+    assert s["pairs"] == 4 and s["parsed"] == 3 and s["parse_failures"] == 1
+    assert s["consistency_rate"] == pytest.approx(2 / 3)
+    assert s["first_position_win_rate"] == pytest.approx((0.6305 + 0.55 + 0.45) / 3)
+    assert s["p_histogram"]["counts"] == [0, 1, 0, 0, 0, 1, 0, 0, 0, 1]
+    assert s["mean_confidence"] == pytest.approx((0.081 + 0.4 + 0.4) / 3)
+    # p - 1/2 = (.081, .4, -.4) against len diff (3, -3, 0): longer loses here -> negative r
+    assert s["length_correlation"] < 0
+
+
+def _pairs_file(tmp_path, n=6):
+    f = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"Question {i}?", "response_a": "short" * (1 + i % 2), "response_b": "a much longer answer " * (1 + i % 3)}
+            for i in range(n)]
+    rows.append({"prompt": "same", "response_a": "x", "response_b": "x"})  # identical: dropped
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def test_run_with_length_judge_writes_soft_labels(tmp_path):
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path)), judge={"kind": "length", "prefer": "shorter", "temperature": 10.0},
+                      run={"output_dir": str(tmp_path), "name": "lab"})
+    s = run(cfg)
+    assert s["pairs"] == 6 and s["identical_dropped"] == 1 and s["preference_pairs"] == 6
+    assert s["consistency_rate"] == 1.0 and s["labels_per_second"] > 0
+    labels = [json.loads(x) for x in open(s["files"]["labels"])]
+    import math
+
+    r0 = labels[0]  # len(a)=5, len(b)=21 -> sigmoid(16/10)
+    assert r0["p"] == pytest.approx(1 / (1 + math.exp(-1.6)))
+    prefs = [json.loads(x) for x in open(s["files"]["preferences"])]
+    assert all(q["p"] >= 0.5 for q in prefs) and prefs[0]["chosen"] == r0["response_a"]
+
+
+def test_drop_inconsistent(tmp_path):
+    class Flaky:
+        id = "flaky"
+
+        def judge(self, prompts, a, b, references=None):
+            return [Judgment(p=0.6, p_ab=0.8, p_ba=0.4, consistent=False, parse_ok=True, judge_id=self.id) for _ in prompts]
+
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), drop_inconsistent=True, judge={"kind": "length"},
+                      run={"output_dir": str(tmp_path), "name": "lab"})
+    s = run(cfg, judge=Flaky())
+    assert s["pairs"] == 3 and s["preference_pairs"] == 0 and s["consistency_rate"] == 0.0
+
+
+def test_second_run_is_served_entirely_from_the_cache(tmp_path, tiny_model_dir):
+    """The llm constitution judge on a tiny model: labelling the same inputs twice costs nothing."""
+    judge = {"kind": "llm", "model": str(tiny_model_dir), "template": "constitution", "constitution": "hhh",
+             "cache": {"path": str(tmp_path / "cache.sqlite")}}
+    pairs = str(_pairs_file(tmp_path, 4))
+    s1 = run(LabelConfig(pairs=pairs, judge=judge, run={"output_dir": str(tmp_path), "name": "l1"}))
+    s2 = run(LabelConfig(pairs=pairs, judge=judge, run={"output_dir": str(tmp_path), "name": "l2"}))
+    # 4 pairs x 2 orders = 8 ordered reads: all misses first, all hits the second time
+    assert s1["cache"]["judgments_cached"] == 0 and (s1["cache"]["hits"], s1["cache"]["misses"]) == (0, 8)
+    assert s2["cache"]["judgments_cached"] == s2["pairs"] == 4
+    assert (s2["cache"]["hits"], s2["cache"]["misses"]) == (8, 0) and s2["cache"]["hit_rate"] == 1.0
+    l1 = [json.loads(x) for x in open(s1["files"]["labels"])]
+    l2 = [json.loads(x) for x in open(s2["files"]["labels"])]
+    assert [r["p"] for r in l1] == [r["p"] for r in l2]
+    # provenance on every label: principle, constitution version, template hash
+    assert all(r["principle_id"] and r["constitution_version"] == "hhh-1" and r["template_hash"] for r in l1)
+    assert all(r["p_ab"] is not None and r["p_ba"] is not None for r in l1)
+
+
+def test_sampling_pairs_with_a_tiny_policy(tmp_path, tiny_model, tokenizer):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\ntwo\n")
+    cfg = LabelConfig(prompts=str(prompts), sampling={"max_new_tokens": 5, "temperature": 1.0}, judge={"kind": "length"},
+                      run={"output_dir": str(tmp_path), "name": "lab"})
+    s = run(cfg, policy=tiny_model, tokenizer=tokenizer)
+    assert s["pairs"] + s["identical_dropped"] == 2

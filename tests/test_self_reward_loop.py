@@ -1,0 +1,170 @@
+"""``pofe self-reward`` end to end: a programmatic judge with a known preference on a tiny model
+(direction of the mean judge score), and two iterations on the embedded SmolLM2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pofe.loops.self_reward import SelfRewardConfig, compact, run
+from pofe.runs import read_jsonl
+
+EXPECTED_RUBRIC = Path(__file__).resolve().parents[1] / "examples" / "templates" / "rubric-expected-score.yaml"
+
+
+@pytest.mark.slow
+def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir):
+    """With a judge that prefers shorter responses standing in for the rubric, M2's held-out
+    responses score higher (are shorter) than M1's, and M2 beats M1 head-to-head.
+
+    Measured (tiny random Llama, 16 prompts x 4 candidates, 8 DPO steps at lr 5e-2): mean
+    score -84.1 -> -74.9 (chars), head-to-head 19 W / 0 T / 5 L on 24 held-out prompts."""
+    pool = tmp_path / "pool.txt"
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool.write_text("\n".join(DEFAULT_PROMPTS))
+    cfg = SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 2,
+        "judge": {"kind": "length", "prefer": "shorter"},
+        "prompts": {"source": "file", "train": str(pool), "per_iteration": 16},
+        "candidates": {"n": 4, "chunk": 16,
+                       "sampling": {"max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0, "batch_size": 16}},
+        "dpo": {"optim": {"lr": 5e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1},
+                "batch_size": 8, "grad_accum": 1, "epochs": 4},
+        "selection": {"enabled": False},
+        # sampled (seeded) rather than greedy: a random model's greedy output is one token repeated
+        "evaluation": {"num_prompts": 24, "sampling": {"temperature": 1.0, "max_new_tokens": 12, "batch_size": 24}},
+        "run": {"output_dir": str(tmp_path / "runs")},
+    })
+    s = run(cfg)
+    m1, m2 = s["iterations"]
+    assert m2["pairs"]["kept"] == 16 and m2["dpo"]["steps"] == 8
+    assert m2["eval_mean_score"] > m1["eval_mean_score"]
+    h = m2["head_to_head_vs_prev"]
+    assert h["wins"] > h["losses"]
+    # the AIFT pairs really are "shorter chosen" under the judge
+    pairs = read_jsonl(Path(s["run_dir"]) / "iter_2" / "data" / "aift.jsonl")
+    assert all(len(p["chosen"]) < len(p["rejected"]) for p in pairs)
+
+
+@pytest.mark.slow
+def test_self_reward_embedded_two_iterations(tmp_path):
+    """SmolLM2 is policy and judge (the additive rubric read by probability, so every response
+    gets a score at this size). Seed SFT -> M1; self-instruct -> candidates -> self-judged
+    pairs -> DPO with checkpoint selection -> M2; evaluation and RM metrics for both; then a
+    resume of the finished run does nothing again."""
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "Name a primary colour.", "response": "Red is a primary colour."},
+        {"prompt": "What is 3 + 4?", "response": "3 + 4 = 7."},
+        {"prompt": "Give a synonym of 'happy'.", "response": "Joyful."},
+        {"prompt": "Translate 'thank you' into French.", "response": "Merci."},
+    ]))
+    ranked = tmp_path / "ranked.jsonl"
+    ranked.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "What is the capital of Italy?", "responses": ["Rome is the capital of Italy.", "I like pasta."]},
+        {"prompt": "How many legs does a spider have?", "responses": ["Eight.", "Spiders are insects with six legs.",
+                                                                      "banana"]},
+    ]))
+    cfg = SelfRewardConfig.model_validate({
+        "iterations": 2,
+        "model": {"lora": {"enabled": True, "r": 4, "alpha": 8}},
+        "seed_sft": {"enabled": True, "ift": [str(ift)], "eft": False, "max_steps": 1, "batch_size": 4,
+                     "optim": {"lr": 1e-4, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.2}},
+        "eft": {"ranked": str(ranked), "eval_fraction": 1.0},
+        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 8},
+        "self_instruct": {"num_prompts": 2, "max_generations": 6, "min_words": 3,
+                          "sampling": {"max_new_tokens": 40, "temperature": 0.6, "top_p": 0.9, "batch_size": 6}},
+        "candidates": {"n": 4, "chunk": 8, "sampling": {"max_new_tokens": 24, "temperature": 0.7, "top_p": 0.9}},
+        "dpo": {"max_steps": 2, "batch_size": 2, "grad_accum": 1,
+                "optim": {"lr": 1e-4, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
+        "selection": {"num_checkpoints": 2, "num_prompts": 2},
+        "evaluation": {"num_prompts": 2, "sampling": {"temperature": 0.0, "max_new_tokens": 24}},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"},
+    })
+    s = run(cfg)
+    root = Path(s["run_dir"])
+    for t in (1, 2):
+        it = root / f"iter_{t}"
+        assert (it / "metrics.json").exists() and (it / "eval_responses.jsonl").exists()
+        assert (it / "model" / "config.json").exists(), f"iter_{t}/model"
+    assert (root / "iter_1" / "data" / "ift.jsonl").exists()
+    for f in ("prompts.json", "candidates.jsonl", "aift.jsonl"):
+        assert (root / "iter_2" / "data" / f).exists(), f
+    m1, m2 = s["iterations"]
+    assert m1["rm_metrics"]["n_pairs"] == 4 and m1["rm_metrics"]["n_unscored_responses"] == 0
+    p = m2["prompts"]
+    assert p["candidates"] == p["kept"] + sum(p["rejected"].values()) + p["surplus"]
+    assert m2["pairs"]["prompts"] == p["kept"]
+    assert m2["pairs"]["kept"] + m2["pairs"]["tie"] + m2["pairs"]["fewer_than_2_scored"] + \
+        m2["pairs"]["identical_text"] == m2["pairs"]["prompts"]
+    if m2["pairs"]["kept"]:
+        assert m2["dpo"]["steps"] == 2 and m2["selected_step"] in (1, 2)
+        assert len(m2["selection"]) == 2  # step-1 checkpoint and the final model
+        assert m2["head_to_head_vs_prev"]["n"] == 2
+    rows = compact(s)
+    assert [r["iteration"] for r in rows] == [1, 2] and rows[1]["rm_metrics"]["n_pairs"] == 4
+    # Resuming a finished run redoes nothing and reports the same numbers.
+    again = run(cfg.model_copy(update={"resume": str(root)}))
+    assert [m["iteration"] for m in again["iterations"]] == [1, 2]
+    assert again["iterations"][1]["eval_mean_score"] == m2["eval_mean_score"]
+
+
+@pytest.mark.slow
+def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
+    """Crash after the first chunk of candidates is written, resume; crash after the first DPO
+    checkpoint, resume: the chunk is not redone, DPO continues from its checkpoint."""
+    from pofe.data.prompts import DEFAULT_PROMPTS
+    from pofe.judges.programmatic import ValueJudge
+    from pofe.loops import online
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    cfg = SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 2,
+        "judge": {"kind": "length"},
+        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+        "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+        "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "max_steps": 4},
+        "selection": {"num_checkpoints": 2, "num_prompts": 2},
+        "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "r"},
+    })
+
+    class Crash(RuntimeError):
+        pass
+
+    real_score = ValueJudge.score
+    calls = {"n": 0}
+
+    def flaky_score(self, prompts, responses, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second chunk of iteration 2's candidates
+            raise Crash()
+        return real_score(self, prompts, responses, **kw)
+
+    monkeypatch.setattr(ValueJudge, "score", flaky_score)
+    with pytest.raises(Crash):
+        run(cfg)
+    root = tmp_path / "runs" / "r"
+    cand = root / "iter_2" / "data" / "candidates.jsonl"
+    first = read_jsonl(cand)
+    assert [r["index"] for r in first] == [0, 1]
+    monkeypatch.setattr(ValueJudge, "score", real_score)
+
+    def crash_after_checkpoint(*a, **k):
+        raise Crash()
+
+    monkeypatch.setattr(online, "prune_checkpoints", crash_after_checkpoint)  # right after step-2 is saved
+    with pytest.raises(Crash):
+        run(cfg.model_copy(update={"resume": str(root)}))
+    rows = read_jsonl(cand)
+    assert [r["index"] for r in rows] == [0, 1, 2, 3] and rows[:2] == first  # chunk 1 kept, not redone
+    assert (root / "iter_2" / "dpo" / "checkpoints" / "step-2").is_dir()
+    monkeypatch.undo()
+    s = run(cfg.model_copy(update={"resume": str(root)}))
+    m2 = s["iterations"][1]
+    assert m2["dpo"]["resumed_from"] == 2 and m2["dpo"]["steps"] == 4
+    assert (root / "iter_2" / "model" / "config.json").exists() and m2["selected_step"] in (2, 4)

@@ -1,0 +1,159 @@
+"""``pofe sft``: response-only loss, cosine schedule, LoRA, resume, data formats, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from pofe.data.prompts import DataError
+from pofe.logprobs import completion_logprobs
+from pofe.loops import sft as sft_mod
+from pofe.loops.sft import (
+    SFTConfig,
+    SFTDataConfig,
+    SFTExample,
+    batch_indices,
+    example_from_row,
+    load_sft_data,
+    response_nll,
+    tokenize_examples,
+)
+from pofe.models import tiny_causal_lm
+from pofe.runs import read_jsonl
+
+EXAMPLES = [
+    SFTExample("What is 2 + 2?", "4"),
+    SFTExample("Name a colour.", "Blue."),
+    SFTExample("Say hello.", "Hello!"),
+    SFTExample("Capital of France?", "Paris."),
+]
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(optim={"lr": 1e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1},
+                batch_size=2, micro_batch_size=1, max_steps=6, log_every=1, checkpoint_every=0,
+                run={"output_dir": str(tmp_path)})
+    base.update(kw)
+    return SFTConfig.model_validate(base)
+
+
+def test_loss_is_on_response_tokens_only(tokenizer, tiny_model):
+    toks, _ = tokenize_examples(tokenizer, EXAMPLES[:2], 512)
+    nll, n = response_nll(tiny_model, toks, tokenizer.pad_token_id)
+    # Response tokens = the response's ids + EOS; the prompt is masked.
+    assert n == sum(len(t.response_ids) for t in toks)
+    assert toks[0].response_ids[-1] == tokenizer.eos_token_id
+    ref = completion_logprobs(tiny_model, [t.prompt_ids for t in toks], [t.response_ids for t in toks],
+                              pad_token_id=tokenizer.pad_token_id)
+    assert float(nll.detach()) == pytest.approx(-float(ref.sum()), rel=1e-5)
+    # Changing the prompt's *content* changes nothing about which tokens count.
+    toks2, _ = tokenize_examples(tokenizer, [SFTExample("A much longer prompt " * 5, "4")], 512)
+    assert response_nll(tiny_model, toks2, tokenizer.pad_token_id)[1] == len(toks[0].response_ids)
+
+
+def test_too_long_and_empty_are_dropped_and_counted(tokenizer):
+    toks, dropped = tokenize_examples(tokenizer, [SFTExample("x " * 400, "y"), SFTExample("q", "  "), EXAMPLES[0]], 64)
+    assert len(toks) == 1 and dropped == {"too_long": 1, "empty_response": 1}
+
+
+def test_batch_indices_are_epoch_permutations():
+    seen = batch_indices(0, 2, 4, 0) + batch_indices(1, 2, 4, 0)
+    assert sorted(seen) == [0, 1, 2, 3]  # one epoch = each example once
+    assert sorted(batch_indices(2, 2, 4, 0) + batch_indices(3, 2, 4, 0)) == [0, 1, 2, 3]  # epoch 2
+    assert batch_indices(5, 3, 4, 7) == batch_indices(5, 3, 4, 7)
+
+
+def test_sft_trains_with_cosine_schedule(tmp_path, tokenizer, tiny_model):
+    cfg = _cfg(tmp_path, max_steps=8)
+    out = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES * 2)
+    assert out["loss_last"] < out["loss_first"]
+    rows = read_jsonl(f"{out['run_dir']}/metrics.jsonl")
+    lrs = [r["lr"] for r in rows]
+    # lr at step s (0-based): 1e-2 * (0.1 + 0.9 * 0.5 * (1 + cos(pi * s / 8)))
+    expect = [1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 8))) for s in range(8)]
+    assert lrs == pytest.approx(expect)
+    assert (tmp_path / out["run_dir"].split("/")[-1] / "model" / "config.json").exists()
+    assert json.loads((tmp_path / out["run_dir"].split("/")[-1] / "summary.json").read_text())["steps"] == 8
+
+
+def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
+    ex = EXAMPLES * 2
+    ref = sft_mod.run(_cfg(tmp_path / "a"), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer, examples=ex)
+
+    class Crash(RuntimeError):
+        pass
+
+    def crash(*a, **k):
+        raise Crash()
+
+    monkeypatch.setattr(sft_mod, "_prune", crash)  # runs right after the step-3 checkpoint is written
+    run_dir = tmp_path / "b" / "run"
+    with pytest.raises(Crash):
+        sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
+                    examples=ex, run_dir=run_dir)
+    monkeypatch.undo()
+    assert (run_dir / "checkpoints" / "step-3").is_dir()
+    out = sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
+                      examples=ex, run_dir=run_dir)
+    assert out["resumed_from_step"] == 3
+    from safetensors.torch import load_file
+
+    a = load_file(f"{ref['model_dir']}/model.safetensors")
+    b = load_file(f"{out['model_dir']}/model.safetensors")
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    # A finished run is not trained again.
+    assert sft_mod.run(_cfg(tmp_path / "b"), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer, examples=ex,
+                       run_dir=run_dir)["already_done"] is True
+
+
+def test_sft_lora_only_trains_adapter(tmp_path, tokenizer, tiny_model):
+    cfg = _cfg(tmp_path, model={"lora": {"enabled": True, "r": 4, "alpha": 8}}, max_steps=3)
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    out = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES)
+    assert (tmp_path / out["run_dir"].split("/")[-1] / "model" / "adapter").is_dir()
+    base_names = [k for k in before if "embed" in k]
+    assert base_names  # the base embedding was frozen under LoRA
+    sd = tiny_model.get_base_model().state_dict() if hasattr(tiny_model, "get_base_model") else tiny_model.state_dict()
+    for k in base_names:
+        torch.testing.assert_close(sd[k], before[k])
+
+
+def test_data_formats(tmp_path):
+    assert example_from_row({"prompt": "p", "response": "r"}, "f:1") == SFTExample("p", "r")
+    assert example_from_row({"instruction": "Add", "input": "1 2", "output": "3"}, "f:1").prompt == "Add\n\n1 2"
+    si = {"instruction": "Sort", "instances": [{"input": "b a", "output": "a b"}], "is_classification": False}
+    assert example_from_row(si, "f:1") == SFTExample("Sort\n\nb a", "a b")
+    msgs = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    assert example_from_row(msgs, "f:1").response == "hello"
+    with pytest.raises(DataError, match="f:3"):
+        example_from_row({"prompt": "p"}, "f:3")
+    ift = tmp_path / "ift.jsonl"
+    eft = tmp_path / "eft.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"p{i}", "response": "r"}) + "\n" for i in range(4)))
+    eft.write_text("".join(json.dumps({"prompt": f"judge {i}", "response": "ok\nScore: 4"}) + "\n" for i in range(5)))
+    ex, stats = load_sft_data(SFTDataConfig(ift=[str(ift)], eft=[str(eft)], eft_max_ratio=0.5))
+    assert stats == {"ift": 4, "eft": 5, "eft_capped": 3}
+    assert sum(e.source == "eft" for e in ex) == 2
+    with pytest.raises(DataError, match="not found"):
+        load_sft_data(SFTDataConfig(ift=[str(tmp_path / "missing.jsonl")]))
+
+
+def test_cli_sft(tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": f"Answer {i}."}) + "\n" for i in range(4)))
+    r = CliRunner().invoke(app, ["sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--max-steps", "2",
+                                 "--output-dir", str(tmp_path / "runs"), "--set", "batch_size=2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["steps"] == 2 and out["examples"] == 4
+    bad = CliRunner().invoke(app, ["sft", "--set", "optim.lrr=1"])
+    assert bad.exit_code == 2 and "optim.lrr" in bad.output
