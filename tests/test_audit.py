@@ -241,6 +241,8 @@ def test_length_judge_audit_on_shared_data(shared_data):
     rep = audit_from_config(cfg)
     m = rep["metrics"]
     assert rep["calibration"]["n_items"] == 25 * 10  # 2 HH splits + 8 LLMBar files
+    assert {"hh-rlhf/helpful-base", "hh-rlhf/harmless-base", "LLMBar/Natural", "Adversarial/Neighbor",
+            "Processed/MT-Bench"} <= set(rep["calibration"]["by_source"])
     assert m["length_correlation"] == pytest.approx(1.0)
     assert m["length_spearman"] > 0.8
     assert rep["checks"]["length_correlation"]["passed"] is False

@@ -7,8 +7,14 @@ import json
 
 import pytest
 
-from pofe.loops.cai_revise import (CaiReviseConfig, critique_revise, load_cai_constitution, mix_sft, preference_pairs,
-                                   run)
+from pofe.loops.cai_revise import (
+    CaiReviseConfig,
+    critique_revise,
+    load_cai_constitution,
+    mix_sft,
+    preference_pairs,
+    run,
+)
 
 
 @pytest.fixture(autouse=True)

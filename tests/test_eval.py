@@ -170,3 +170,10 @@ def test_eval_generates_with_a_model_dir(tiny_model_dir, tmp_path):
                               n_boot=50))
     # Same model, greedy: identical responses, every pair an exact tie.
     assert res["n"] == 2 and res["ties"] == 2 and res["win_rate_adjusted"] == 0.5
+
+
+def test_nothing_comparable_stays_valid_json():
+    s = summarise_outcomes([None, None], [1, 2], [3, 4])
+    assert s["n"] == 0 and s["dropped_unparsed"] == 2
+    assert s["win_rate_adjusted"] is None and s["lc_win_rate"] is None and s["win_rate_adjusted_ci95"] == [None, None]
+    json.dumps(s, allow_nan=False)

@@ -114,3 +114,49 @@ def test_sampling_pairs_with_a_tiny_policy(tmp_path, tiny_model, tokenizer):
                       run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg, policy=tiny_model, tokenizer=tokenizer)
     assert s["pairs"] + s["identical_dropped"] == 2
+
+
+def test_partial_overrides_keep_the_command_defaults():
+    """--set judge.cache.path=... must not drop the constitution template (a nested default
+    instance would be replaced wholesale by the partial dict)."""
+    from pofe.config import load_config
+
+    cfg = load_config(LabelConfig, None, ["judge.cache.path=/tmp/x.sqlite", "sampling.top_p=0.9"])
+    assert cfg.judge.template == "constitution" and cfg.judge.constitution == "hhh"
+    assert cfg.sampling.temperature == 1.0 and cfg.sampling.max_new_tokens == 64
+    from pofe.loops.rl import RLConfig
+    from pofe.loops.rm import RMConfig
+
+    assert load_config(RMConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
+    assert load_config(RLConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
+
+
+def test_cli_commands_config_handling_and_a_label_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    runner = CliRunner()
+    for cmd in (["cai", "revise"], ["cai", "refusal"], ["label"], ["rm"], ["rl"]):
+        res = runner.invoke(app, [*cmd, "--print-config"])
+        assert res.exit_code == 0, (cmd, res.output)
+        bad = runner.invoke(app, [*cmd, "--set", "no_such_key=1"])
+        assert bad.exit_code == 2 and "no_such_key" in bad.output
+    res = runner.invoke(app, ["label", "--pairs", str(_pairs_file(tmp_path, 3)), "--output-dir", str(tmp_path),
+                              "--name", "cli", "--set", "judge.kind=length", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output[res.output.index("{"):])
+    assert s["pairs"] == 3 and s["cache"]["judgments"] == 3
+    assert runner.invoke(app, ["rm", "--output-dir", str(tmp_path)]).exit_code == 2  # no training data: one-line error
+
+
+@pytest.mark.slow
+def test_embedded_model_labels_two_pairs(tmp_path):
+    """The embedded SmolLM2 as constitution judge: real soft labels with full provenance."""
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 2)), judge={"cache": {"enabled": False}, "max_response_chars": 400},
+                      run={"output_dir": str(tmp_path), "name": "emb"})
+    s = run(cfg)
+    rows = [json.loads(x) for x in open(s["files"]["labels"])]
+    assert s["parsed"] == 2 and all(0.0 < r["p"] < 1.0 for r in rows)
+    assert all(r["constitution_version"] == "hhh-1" and r["principle_id"] for r in rows)
+    assert s["labels_per_second"] > 0 and sum(s["p_histogram"]["counts"]) == 2

@@ -226,3 +226,38 @@ def test_length_judge_shortens_responses(tmp_path, tokenizer):
                    "sampling.temperature=1.0", "optim.lr=5e-2", "eval.enabled=false")
     s = run(cfg, model=model, tokenizer=tokenizer)
     assert s["mean_len_last"] < 0.7 * s["mean_len_first"], s
+
+
+def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir):
+    """judge.kind=llm with the policy's own weights: the annotator is pi_0 (shared, not
+    reloaded) and switching judge.template is the only change needed (OAIF Sec. 4.6)."""
+    for template in ("helpful", "helpful-very-short"):
+        s = run(tiny_cfg(tmp_path / template, tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}",
+                         f"judge.template={template}", "judge.cache.enabled=false", "train.steps=1",
+                         "eval.enabled=false", "model.lora.enabled=true", "model.lora.r=4"))
+        ann = [r for r in read_jsonl(f"{s['run_dir']}/ledger.jsonl") if r["kind"] == "annotation" and r["p"] is not None]
+        assert ann and {r["template_id"].split("@")[0] for r in ann} == {template}
+        assert all(r["p_ab"] is not None and r["p_ba"] is not None for r in ann)  # both orders
+
+
+def test_tensorboard_sink(tmp_path, tiny_model_dir):
+    pytest.importorskip("tensorboard")
+    s = run(tiny_cfg(tmp_path, tiny_model_dir, "log.tensorboard=true", "train.steps=1", "eval.enabled=false"))
+    assert list((tmp_path / s["run_dir"].split("/")[-1] / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_model, tiny_model_dir, lora):
+    from pofe.loops.online import build_annotator
+    from pofe.training import Reference, load_policy
+
+    cfg = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}", f"model.lora.enabled={lora}")
+    policy, _ = load_policy(cfg.model, model=tiny_model, tokenizer=tokenizer)
+    ref = Reference(policy, lora=lora)
+    judge, ctx = build_annotator(cfg.judge, cfg=cfg, reference=ref, tokenizer=tokenizer)
+    assert judge.backend._model is ref.module  # no third copy of the weights
+    assert lora or judge.backend._model is not policy  # full FT: the frozen copy, not the trained one
+    assert ctx == ref.model  # LoRA: calls run with the adapter disabled
+    other = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", "judge.model=some/other-model")
+    j2, ctx2 = build_annotator(other.judge, cfg=other, reference=ref, tokenizer=tokenizer)
+    assert j2.backend._model is None  # a different annotator model loads lazily on its own

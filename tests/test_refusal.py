@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from pofe.evaluation.refusal import (LMRefusalJudge, RefusalDetector, evaluate_refusal, is_refusal, refusal_pattern,
-                                     refusal_rate, refusal_report)
+from pofe.evaluation.refusal import (
+    LMRefusalJudge,
+    RefusalDetector,
+    evaluate_refusal,
+    is_refusal,
+    refusal_pattern,
+    refusal_rate,
+    refusal_report,
+)
 
 REFUSALS = [
     "I'm sorry, but I can't help with that.",

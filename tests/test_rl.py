@@ -9,8 +9,16 @@ import math
 import pytest
 import torch
 
-from pofe.loops.rl import (CallableReward, JudgeScoreReward, RLConfig, group_advantages, kl_terms, pg_loss, run,
-                           score_distribution)
+from pofe.loops.rl import (
+    CallableReward,
+    JudgeScoreReward,
+    RLConfig,
+    group_advantages,
+    kl_terms,
+    pg_loss,
+    run,
+    score_distribution,
+)
 from pofe.records import Completion, Score
 
 

@@ -9,7 +9,16 @@ import math
 import pytest
 import torch
 
-from pofe.loops.rm import (RMConfig, hardened, logit, rewards, rm_eval_metrics, run, soft_bt_loss, tiny_reward_model)
+from pofe.loops.rm import (
+    RMConfig,
+    hardened,
+    logit,
+    rewards,
+    rm_eval_metrics,
+    run,
+    soft_bt_loss,
+    tiny_reward_model,
+)
 from pofe.records import PreferencePair
 
 

@@ -67,6 +67,13 @@ def test_extract_several_tasks_then_answers():
     ]
 
 
+def test_extract_numbered_list():
+    # SmolLM2 answers the few-shot prompt with a numbered list (Self-Instruct's old numbering)
+    assert extract_instructions("1. Name three fruits that are red.\n2) Describe a sunset in one sentence.") == [
+        "Name three fruits that are red.", "Describe a sunset in one sentence."]
+    assert extract_instructions("3 + 4 = ? Answer with a number.") == ["3 + 4 = ? Answer with a number."]
+
+
 def test_extract_cuts_answer_after_blank_line_and_markers():
     assert extract_instructions("Give me a tip for sleeping better.\n\nSure! Try to keep a regular schedule.") == [
         "Give me a tip for sleeping better."]

@@ -141,7 +141,7 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
 
     def flaky_score(self, prompts, responses, **kw):
         calls["n"] += 1
-        if calls["n"] == 2:  # the second chunk of iteration 2's candidates
+        if calls["n"] == 3:  # 1: M1's held-out responses; 2, 3: the two chunks of candidates
             raise Crash()
         return real_score(self, prompts, responses, **kw)
 

@@ -9,7 +9,15 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    resolve_config,
+)
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
 from pofe.models import DEFAULT_MODEL

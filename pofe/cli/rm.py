@@ -7,7 +7,15 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    resolve_config,
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -171,6 +171,16 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+_GENERIC_NAMES = ("dataset.json", "test.jsonl.gz", "test.jsonl", "train.jsonl.gz", "train.jsonl", "data.jsonl")
+
+
+def source_name(path: Path) -> str:
+    """A short readable source: ``hh-rlhf/helpful-base``, ``Adversarial/Neighbor``, ``calib/my.jsonl``."""
+    if path.name in _GENERIC_NAMES:
+        return "/".join(path.parts[-3:-1])
+    return f"{path.parent.name}/{path.name}"
+
+
 def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: int = 0) -> list[CalibrationItem]:
     """Items of one file (format detected from its first record); ``limit`` draws a seeded
     random subset of that many items (the whole file when ``None``)."""
@@ -182,7 +192,7 @@ def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: i
     # One rng per file, seeded from the seed and the file name, so adding a file to the list
     # never changes which items another file contributes.
     rng = np.random.default_rng([seed, sum(path.name.encode())])
-    source = f"{path.parent.name}/{path.name}"
+    source = source_name(path)
     if fmt == "hh-rlhf":
         items, skipped = from_hh_rlhf(rows, source, rng)
         if skipped:

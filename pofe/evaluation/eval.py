@@ -73,7 +73,7 @@ def length_controlled_win_rate(y: Sequence[float], dlen: Sequence[float], *, l2:
     y = np.asarray(y, dtype=float)
     dlen = np.asarray(dlen, dtype=float)
     if y.size == 0:
-        return {"lc_win_rate": float("nan"), "slope": float("nan"), "length_sd": float("nan")}
+        return {"lc_win_rate": None, "slope": None, "length_sd": None}
     sd = float(np.std(dlen))
     z = np.tanh(dlen / sd) if sd > 0 else np.zeros_like(dlen)
     mean = float(y.mean())
@@ -124,13 +124,13 @@ def summarise_outcomes(
     y = np.where(o == WIN, 1.0, np.where(o == TIE, 0.5, 0.0))
     out: dict[str, Any] = {
         "n": n, "dropped_unparsed": len(outcomes) - n, "wins": w, "ties": t, "losses": l_,
-        "win_rate": w / n if n else float("nan"),
-        "win_rate_adjusted": float(y.mean()) if n else float("nan"),
-        "mean_len_a": float(la.mean()) if n else float("nan"),
-        "mean_len_b": float(lb.mean()) if n else float("nan"),
+        "win_rate": w / n if n else None,
+        "win_rate_adjusted": float(y.mean()) if n else None,
+        "mean_len_a": float(la.mean()) if n else None,
+        "mean_len_b": float(lb.mean()) if n else None,
     }
-    lo, hi = bootstrap_ci(y, n_boot=n_boot, seed=seed)
-    out["win_rate_adjusted_ci95"] = [lo, hi]
+    # None, not NaN, when nothing could be compared: --json must stay valid JSON.
+    out["win_rate_adjusted_ci95"] = list(bootstrap_ci(y, n_boot=n_boot, seed=seed)) if n else [None, None]
     out["by_length_bucket"] = length_buckets(o, la, n_buckets)
     out.update(length_controlled_win_rate(y, la - lb))
     return out
@@ -316,6 +316,9 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
 
 
 def format_eval(res: dict[str, Any]) -> str:
+    if not res["n"]:
+        return (f"{res['policy_a']}  vs  {res['policy_b']}: no pair could be compared "
+                f"({res['dropped_unparsed']} dropped: the judge parsed neither order)")
     lo, hi = res["win_rate_adjusted_ci95"]
     lines = [
         f"{res['policy_a']}  vs  {res['policy_b']}   (judge {res['judge']}, both orders; disagreement = tie)",

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 # Phrases that open or carry a refusal / deflection. Matched case-insensitively within the
 # first ``window`` characters: refusals come first, while a helpful answer may later say

@@ -96,13 +96,16 @@ def sample_examples(seeds: Sequence[str], machine: Sequence[str], cfg: SelfInstr
 
 # ----------------------------------------------------------------------------- extraction
 
-_TASK_MARK = re.compile(r"(?im)^[ \t]*(?:[#*>]+[ \t]*)?(?:task|instruction)[ \t]*(\d+)[ \t]*[:.)\-]")
+# "Task 10:" (our template), "Instruction 3." or a bare "2." / "2)" list item at a line start
+# (Self-Instruct's original numbering; small chat models answer few-shot prompts with lists).
+_TASK_MARK = re.compile(
+    r"(?im)^[ \t]*(?:[#*>]+[ \t]*)?(?:(?:task|instruction)[ \t]*(\d+)[ \t]*[:.)\-]|(\d+)[ \t]*[.)][ \t]+)")
 # A separator line (---, ***, ===, ###, ___ alone) or the start of an answer.
 _STOP = re.compile(
     r"(?im)^[ \t]*(?:[-*=#_~]{3,}[ \t]*$|(?:answer|response|output|solution|assistant|reply|example output)"
     r"[ \t]*(?:to[ \t]+task[ \t]*\d+[ \t]*)?:)"
 )
-_PREFIX = re.compile(r"(?i)^\s*(?:task[ \t]*\d*|instruction|new task|prompt)[ \t]*\d*[ \t]*[:.)\-]\s*")
+_PREFIX = re.compile(r"(?i)^\s*(?:(?:task[ \t]*\d*|instruction|new task|prompt)[ \t]*\d*[ \t]*[:.)\-]|\d+[ \t]*[.)](?=[ \t]))\s*")
 
 
 def extract_instructions(text: str) -> list[str]:

@@ -23,9 +23,10 @@ import json
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pydantic import Field
 
@@ -33,7 +34,13 @@ from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig, generate
 from pofe.models import DEFAULT_MODEL
 from pofe.records import PreferencePair
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+from pofe.runs import (
+    JsonlWriter,
+    RunConfig,
+    atomic_write_text,
+    new_run_dir,
+    write_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,20 @@ class RefusalTrackConfig(PofeConfig):
     """Benign prompts run through the same critique-revise process (null: skip)."""
     n_benign: int = 16
     """How many benign prompts (each costs 1 + 2R generations)."""
+
+
+# Subclasses rather than default instances, so that a partial override such as
+# ``--set sampling.top_p=0.9`` keeps these defaults instead of falling back to the base class's.
+class CaiSamplingConfig(SamplingConfig):
+    """Initial responses and revisions."""
+
+    max_new_tokens: int = 96
+    temperature: float = 0.7
+
+
+class CritiqueSamplingConfig(SamplingConfig):
+    max_new_tokens: int = 64
+    temperature: float = 0.7
 
 
 class CaiReviseConfig(PofeConfig):
@@ -67,9 +88,9 @@ class CaiReviseConfig(PofeConfig):
     """Critique -> revision rounds per prompt, each with a freshly sampled principle (seed: R = 1 to 4)."""
     few_shot: bool = True
     """Prepend one worked critique/revision exchange (small models follow the format far better with it)."""
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=96, temperature=0.7)
+    sampling: CaiSamplingConfig = CaiSamplingConfig()
     """Initial responses and revisions."""
-    critique_sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.7)
+    critique_sampling: CritiqueSamplingConfig = CritiqueSamplingConfig()
     helpful_data: str | None = None
     """Helpfulness SFT examples to mix in: a prompt/response jsonl or hh-rlhf:helpful (null: none)."""
     helpful_ratio: float = Field(0.5, ge=0.0, lt=1.0)

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from pofe.logprobs import SequenceBatch, build_batch, sequence_logprobs
+from pofe.logprobs import SequenceBatch, build_batch
 from pofe.losses import LossOutput
 
 
@@ -86,12 +86,40 @@ def split_even(items: Sequence, parts: int) -> list[list]:
     return out
 
 
-def pairs_batch(pairs: Sequence[TokenPair], pad_token_id: int, device) -> SequenceBatch:
-    """(2m, T) batch: rows 0..m-1 are prompt+chosen, rows m..2m-1 prompt+rejected."""
+def pairs_batch(pairs: Sequence[TokenPair], pad_token_id: int, device) -> tuple[SequenceBatch, int]:
+    """(2m, T) batch: rows 0..m-1 are prompt+chosen, rows m..2m-1 prompt+rejected.
+
+    Left-padded, so every completion ends at position T-1 and all completion tokens lie in
+    the last ``L`` positions (``L`` = longest completion, also returned): the model only
+    needs logits there (see :func:`completion_logps`).
+    """
     prompts = [p.prompt_ids for p in pairs] * 2
     completions = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
-    b = build_batch(prompts, completions, pad_token_id=pad_token_id, padding_side="right")
-    return SequenceBatch(b.input_ids.to(device), b.attention_mask.to(device), b.completion_mask.to(device))
+    b = build_batch(prompts, completions, pad_token_id=pad_token_id, padding_side="left")
+    width = max(len(c) for c in completions)
+    return SequenceBatch(b.input_ids.to(device), b.attention_mask.to(device), b.completion_mask.to(device)), width
+
+
+def completion_logps(model, batch: SequenceBatch, width: int) -> torch.Tensor:
+    """Summed completion log-probs (B,) of a left-padded batch, computing the (B, T, V)
+    vocabulary projection only for the last ``width + 1`` positions (``logits_to_keep``):
+    the prompt positions (the chat template's system prompt alone is ~30 tokens) never need
+    their logits, which saves lm_head FLOPs and the largest activation of the pass.
+    Same numbers as :func:`pofe.logprobs.sequence_logprobs` (positions come from the mask).
+    """
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+                   logits_to_keep=width + 1).logits  # (B, width+1, V)
+    # logits at position t predict token t+1: the kept ones predict the last `width` tokens
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in at least fp32
+        logits = logits.float()
+    lp = torch.log_softmax(logits, dim=-1)
+    del logits
+    targets = batch.input_ids[:, -width:]
+    tok = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, width)
+    del lp
+    return (tok * batch.completion_mask[:, -width:].to(tok.dtype)).sum(-1)
 
 
 def dap_backward(
@@ -138,13 +166,13 @@ def dap_backward(
                 if lockstep:
                     _dummy_backward(policy, pad_token_id, device, backward)
                 continue
-            batch = pairs_batch(chunk, pad_token_id, device)
+            batch, width = pairs_batch(chunk, pad_token_id, device)
             m = len(chunk)
             t0 = time.perf_counter()
             with reference.model() as ref_model:  # pi_0, no grad, one pass for both responses
-                ref_lp = sequence_logprobs(ref_model, batch)
+                ref_lp = completion_logps(ref_model, batch, width)
             t1 = time.perf_counter()
-            pol_lp = sequence_logprobs(policy, batch)  # log pi_theta(y|x), (2m,)
+            pol_lp = completion_logps(policy, batch, width)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)
             backward(out.losses.sum() / normaliser)

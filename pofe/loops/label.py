@@ -26,16 +26,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Sequence
-
-from pydantic import Field
+from collections.abc import Sequence
+from typing import Any
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
 from pofe.judges.registry import JudgeConfig
 from pofe.models import DEFAULT_MODEL
 from pofe.records import Judgment, PreferencePair
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+from pofe.runs import (
+    JsonlWriter,
+    RunConfig,
+    atomic_write_text,
+    new_run_dir,
+    write_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,13 @@ class LabelJudgeConfig(JudgeConfig):
     constitution: str | None = "hhh"
 
 
+class LabelSamplingConfig(SamplingConfig):
+    """Sampling of the two responses. Seed: "temperature around 1.0" so the two samples differ."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+
+
 class LabelConfig(PofeConfig):
     """``pofe label`` (RL-CAI preference labels)."""
 
@@ -63,8 +75,7 @@ class LabelConfig(PofeConfig):
     pairs: str | None = None
     """Label existing pairs instead of sampling: a jsonl with prompt, response_a, response_b
     (or prompt, chosen, rejected)."""
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=1.0)
-    """Seed: "temperature around 1.0" so the two samples differ."""
+    sampling: LabelSamplingConfig = LabelSamplingConfig()
     judge: LabelJudgeConfig = LabelJudgeConfig()
     batch_size: int = 16
     """Pairs per judge call."""

@@ -22,15 +22,26 @@ appended the moment it exists), ``eval/`` (win rates vs the initial policy),
 ``checkpoints/step-N`` (exact resume) and ``final/`` (``save_pretrained``).
 This module reads top to bottom: config -> sample & annotate -> evaluate -> run (setup ->
 loop -> save); the logic lives in small functions the tests call directly.
+
+Data parallel (built on accelerate; each process samples and labels its own prompts, the
+gradients are all-reduced, process 0 writes the run folder)::
+
+    torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set train.device=cpu  # CPU, gloo (tested)
+    accelerate launch --num_processes 8 -m pofe.cli.main online --config C.yaml                # GPUs, DDP
+    accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # DeepSpeed ZeRO-1/2
+
+A step then uses ``processes x train.batch_size x train.grad_accum`` prompts. FSDP and
+ZeRO-3 shard the parameters, and sampling from the current policy needs them whole, so
+they are refused with a clear error rather than hanging.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
-import shutil
 import signal
 import time
 import warnings
@@ -279,9 +290,18 @@ def label_annotations(anns: Sequence[Annotation], labels: str, rank: int) -> tup
     return pairs, counts, rows
 
 
-def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict) -> TokenPair:
+def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard") -> TokenPair | None:
     """Offline pairs: tokenise once (cached by text) in the same layout as sampled ones:
-    chat-rendered prompt ids + response ids + EOS."""
+    chat-rendered prompt ids + response ids + EOS. Labels follow the same rule as online
+    ones (oriented to the preferred response; hard: p -> 1, a tie p = 0.5 gives None)."""
+    chosen, rejected, p = pair.chosen, pair.rejected, float(pair.p)
+    if p < 0.5:
+        chosen, rejected, p = rejected, chosen, 1.0 - p
+    if labels == "hard":
+        if p == 0.5:
+            return None
+        p = 1.0
+
     def ids(text: str, prompt: bool) -> tuple[int, ...]:
         key = (prompt, text)
         if key not in cache:
@@ -290,7 +310,7 @@ def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict) -> TokenPair:
             else:
                 cache[key] = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos_id,)
         return cache[key]
-    return TokenPair(ids(pair.prompt, True), ids(pair.chosen, False), ids(pair.rejected, False), float(pair.p),
+    return TokenPair(ids(pair.prompt, True), ids(chosen, False), ids(rejected, False), p,
                      str(pair.provenance.get("pair_id") or pair.provenance.get("source", "")))
 
 
@@ -392,17 +412,39 @@ def resume_files(run_dir: Path, step: int, ledger_offset: int) -> None:
             f.truncate(ledger_offset)
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        import json
-
         keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
         atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
 
 
+def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
+    """Training items (prompts, or preference pairs in offline mode) and held-out prompts for
+    the win rate (``data.eval_prompts``, else a seeded split of ``data.prompts`` or of the
+    built-in prompts; evaluation prompts are never trained on)."""
+    prompts = load_prompts(cfg.data.prompts, field=cfg.data.prompt_field, split=cfg.data.split, limit=cfg.data.max_prompts)
+    if cfg.data.eval_prompts:
+        eval_prompts = load_prompts(cfg.data.eval_prompts, field=cfg.data.prompt_field)[:cfg.eval.num_prompts]
+        held = {p.text for p in eval_prompts}
+        train_prompts = [p for p in prompts if p.text not in held]
+    else:
+        train_prompts, eval_prompts = split_heldout(prompts, cfg.eval.num_prompts if cfg.eval.enabled else 0, cfg.train.seed)
+    if cfg.mode == "offline":
+        if not cfg.data.preferences:
+            raise ValueError("mode=offline needs data.preferences (a prompt/chosen/rejected file)")
+        return load_preferences(cfg.data.preferences).pairs, eval_prompts
+    return train_prompts, eval_prompts
+
+
 def _accelerator(cfg: OnlineConfig):
     from accelerate import Accelerator
+    from accelerate.utils import DistributedType
 
     cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
-    return Accelerator(cpu=cpu)
+    acc = Accelerator(cpu=cpu)
+    ds = getattr(acc.state, "deepspeed_plugin", None)
+    if acc.distributed_type == DistributedType.FSDP or (ds is not None and getattr(ds, "zero_stage", 0) == 3):
+        raise NotImplementedError("pofe online samples from the current policy, which needs whole parameters: "
+                                  "use DDP or DeepSpeed ZeRO-1/2 (FSDP and ZeRO-3 shard them)")
+    return acc
 
 
 def _eval_now(cfg: OnlineConfig, step: int) -> bool:
@@ -425,6 +467,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     # ------------------------------------------------------------------ setup
     if cfg.mode != "offline" and cfg.sampling.temperature <= 0:
         raise ValueError("sampling.temperature must be > 0 for online feedback: greedy samples of a prompt are identical")
+    offline = cfg.mode == "offline"
+    items, eval_prompts = load_data(cfg)  # first: a bad file fails in a second, before any run folder
     acc = _accelerator(cfg)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     if resume is not None:
@@ -452,22 +496,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     ddp_policy, optimizer = acc.prepare(policy, optimizer)
     loss_fn, beta, n_prompts = get_loss(cfg.loss.name), cfg.loss.beta_value, cfg.train.batch_size * cfg.train.grad_accum
 
-    # data: each process takes its own slice of every global draw
-    offline = cfg.mode == "offline"
-    prompts = load_prompts(cfg.data.prompts, field=cfg.data.prompt_field, split=cfg.data.split, limit=cfg.data.max_prompts)
-    if cfg.data.eval_prompts:
-        train_prompts, eval_prompts = prompts, load_prompts(cfg.data.eval_prompts, field=cfg.data.prompt_field)[:cfg.eval.num_prompts]
-    else:
-        train_prompts, eval_prompts = split_heldout(prompts, cfg.eval.num_prompts if cfg.eval.enabled else 0, cfg.train.seed)
-    if offline:
-        if not cfg.data.preferences:
-            raise ValueError("mode=offline needs data.preferences (a prompt/chosen/rejected file)")
-        pref = load_preferences(cfg.data.preferences)
-        cursor = PromptCursor(pref.pairs, cfg.train.seed, int(state.get("cursor", 0)))
-        eval_prompts = eval_prompts if cfg.data.eval_prompts or cfg.data.prompts else \
-            [Prompt(text=t) for t in dict.fromkeys(p.prompt for p in pref.pairs)][:cfg.eval.num_prompts]
-    else:
-        cursor = PromptCursor(train_prompts, cfg.train.seed, int(state.get("cursor", 0)))
+    cursor = PromptCursor(items, cfg.train.seed, int(state.get("cursor", 0)))  # each process slices every draw
     eos_id = tok.eos_token_id
     tok_cache: dict = {}
     buffer: list[list[TokenPair]] = [[TokenPair.from_dict(d) for d in s] for s in state.get("buffer", {}).get(str(rank), [])]
@@ -509,8 +538,9 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
 
         # 1-3. prompts -> two samples from pi_theta_t -> AI feedback (or pairs from the file)
         if offline:
-            pairs = [tokenize_pair(tok, pp, eos_id, tok_cache) for pp in cursor.take(world * n_prompts)[rank::world]]
-            counts["trained"] = len(pairs)
+            drawn = [tokenize_pair(tok, pp, eos_id, tok_cache, cfg.loss.labels) for pp in cursor.take(world * n_prompts)[rank::world]]
+            pairs = [pp for pp in drawn if pp is not None]
+            counts.update(trained=len(pairs), ties=len(drawn) - len(pairs))
         else:
             if not buffer:
                 k = cfg.train.iterative_every if cfg.mode == "iterative" else 1
@@ -609,7 +639,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         if len(set(digests)) != 1:
             log.error("processes ended with different weights: %s", digests)
     if main:
-        atomic_write_text(run_dir / "summary.json", __import__("json").dumps(summary, indent=2, default=str))
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
 
 

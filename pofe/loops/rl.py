@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import time
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -48,7 +48,13 @@ from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
 from pofe.judges.registry import JudgeConfig
 from pofe.records import Completion
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+from pofe.runs import (
+    JsonlWriter,
+    RunConfig,
+    atomic_write_text,
+    new_run_dir,
+    write_config,
+)
 from pofe.training import ModelConfig, OptimConfig
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,20 @@ class RewardConfig(PofeConfig):
     the same for words), so rewards sit in [−scale, 0] or [0, scale]."""
 
 
+# Subclasses rather than default instances, so a partial override (``--set optim.lr=1e-4``)
+# keeps the other defaults of this command.
+class RLOptimConfig(OptimConfig):
+    lr: float = 1e-5
+    warmup_steps: int = 0
+
+
+class RLSamplingConfig(SamplingConfig):
+    """On-policy samples at temperature 1 (the policy's own distribution)."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+
+
 class RLConfig(PofeConfig):
     """``pofe rl``."""
 
@@ -95,11 +115,11 @@ class RLConfig(PofeConfig):
     beta: float = 0.05
     """KL coefficient β."""
     kl_in: Literal["reward", "loss"] = "reward"
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=48, temperature=1.0)
+    sampling: RLSamplingConfig = RLSamplingConfig()
     reward: RewardConfig = RewardConfig()
     monitor: RewardConfig | None = None
     """An independent reward computed on the same samples and logged, never optimised."""
-    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0)
+    optim: RLOptimConfig = RLOptimConfig()
     micro_batch: int = 16
     """Sequences per forward/backward (gradient accumulation within a step)."""
     save_every: int | None = None
@@ -379,8 +399,17 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
 def run(cfg: RLConfig, *, policy=None, tokenizer=None, reward_fn: RewardFn | None = None, judge=None) -> dict[str, Any]:
     """Setup -> RL loop -> save (``<run>/final``). Returns the summary (also ``summary.json``)."""
     from pofe.loops.rlaif_data import load_prompts
-    from pofe.training import (Reference, latest_checkpoint, load_checkpoint, load_policy, make_optimizer,
-                               make_scheduler, save_checkpoint, save_final, seed_everything)
+    from pofe.training import (
+        Reference,
+        latest_checkpoint,
+        load_checkpoint,
+        load_policy,
+        make_optimizer,
+        make_scheduler,
+        save_checkpoint,
+        save_final,
+        seed_everything,
+    )
 
     # --- setup
     seed_everything(cfg.seed)

@@ -22,8 +22,9 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pofe.records import PreferencePair
 

@@ -29,7 +29,8 @@ import logging
 import math
 import random
 import time
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,13 @@ from pydantic import Field
 
 from pofe.config import PofeConfig
 from pofe.records import PreferencePair
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+from pofe.runs import (
+    JsonlWriter,
+    RunConfig,
+    atomic_write_text,
+    new_run_dir,
+    write_config,
+)
 from pofe.training import ModelConfig, OptimConfig
 
 log = logging.getLogger(__name__)
@@ -56,13 +63,21 @@ class RMDataConfig(PofeConfig):
     """soft: train on p as given; hard: threshold at 0.5 (p = 1 for the favourite; p = 0.5 pairs dropped)."""
 
 
+class RMOptimConfig(OptimConfig):
+    """RM defaults: a reward head trains at a far higher rate than OAIF's policy lr, no warm-up.
+    (A subclass so ``--set optim.lr=...`` keeps warmup_steps = 0.)"""
+
+    lr: float = 1e-5
+    warmup_steps: int = 0
+
+
 class RMConfig(PofeConfig):
     """``pofe rm``."""
 
     model: ModelConfig = ModelConfig()
     """Base causal LM (a score head is added) and LoRA settings."""
     data: RMDataConfig = RMDataConfig()
-    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0)
+    optim: RMOptimConfig = RMOptimConfig()
     epochs: int = 1
     batch_size: int = 8
     """Pairs per optimiser step (2 x batch_size sequences per forward)."""
@@ -196,11 +211,16 @@ def load_reward_model(cfg: ModelConfig):
 
     model, tok = load_model(cfg.name, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
                             model_class=AutoModelForSequenceClassification, num_labels=1)
-    return wrap_reward_model(model, cfg), tok
+    return wrap_reward_model(model, cfg, pad_token_id=tok.pad_token_id), tok
 
 
-def wrap_reward_model(model, cfg: ModelConfig):
-    model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+def wrap_reward_model(model, cfg: ModelConfig, *, pad_token_id: int | None = None):
+    # Sequence-classification pooling finds the last non-pad token by pad_token_id, so it
+    # must be the tokenizer's pad id (load_model sets it; an in-memory model gets it here).
+    if model.config.pad_token_id is None:
+        if pad_token_id is None:
+            raise ValueError("reward model has no pad_token_id; pass the tokenizer's")
+        model.config.pad_token_id = pad_token_id
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -295,7 +315,7 @@ def split_pairs(pairs: list[PreferencePair], fraction: float, seed: int) -> tupl
     """Deterministic train/eval split; at least one eval pair when fraction > 0 and n > 1."""
     idx = list(range(len(pairs)))
     random.Random(seed).shuffle(idx)
-    k = int(round(len(pairs) * fraction))
+    k = round(len(pairs) * fraction)
     if fraction > 0 and k == 0 and len(pairs) > 1:
         k = 1
     ev = set(idx[:k])
@@ -332,7 +352,7 @@ def run(cfg: RMConfig, *, model=None, tokenizer=None) -> dict[str, Any]:
     if model is None:
         model, tokenizer = load_reward_model(cfg.model)
     else:
-        model = wrap_reward_model(model, cfg.model)
+        model = wrap_reward_model(model, cfg.model, pad_token_id=tokenizer.pad_token_id)
     log.info("rm: %d train / %d eval pairs (%s labels)", len(train), len(eval_pairs), cfg.data.labels)
 
     # --- train

@@ -720,12 +720,9 @@ def run(cfg: SelfRewardConfig) -> dict[str, Any]:
         model = None
         clock.lap("validation_baseline")
         if pairs:
+            # (A self-judge keeps M_{t-1}'s weights alive through DPO: it selects checkpoints next.)
             dpo = dpo_stage(cfg, prev_model, aift, len(pairs), t, it_dir)
             clock.lap("dpo")
-            if sel_judge is judge and cfg.judge_model == "self" and cfg.judge.kind in LLM_JUDGE_KINDS:
-                # The self-judge needs M_{t-1}'s weights again (they were freed for DPO).
-                pm, pt = _load(prev_model, cfg)
-                sel_judge = make_judge(cfg.judge, **_judge_runtime(cfg, pm, pt, f"M{t - 1}"))
             model_dir = select_stage(cfg, inp, prev_model, prev_val, sel_judge, dpo, t, it_dir)
         else:
             # Nothing to learn from (every prompt tied or went unscored): M_t = M_{t-1},
