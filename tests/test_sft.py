@@ -89,7 +89,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     def crash(*a, **k):
         raise Crash()
 
-    monkeypatch.setattr(sft_mod, "_prune", crash)  # runs right after the step-3 checkpoint is written
+    monkeypatch.setattr(sft_mod, "prune_checkpoints", crash)  # runs right after the step-3 checkpoint is written
     run_dir = tmp_path / "b" / "run"
     with pytest.raises(Crash):
         sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
@@ -99,6 +99,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     out = sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
                       examples=ex, run_dir=run_dir)
     assert out["resumed_from_step"] == 3
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     from safetensors.torch import load_file
 
     a = load_file(f"{ref['model_dir']}/model.safetensors")

@@ -50,6 +50,7 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
     row: dict[str, Any] = {
         "step": step,
         "wall_time": time.time(),
+        "cpu_time": time.process_time(),  # cumulative CPU seconds of this process (benchmarks)
         "loss": _mean([p.loss for p in pairs]),
         # Implicit rewards beta*log(pi/pi0) (DPO's reward, OAIF Eq. 1): margin and how often
         # the chosen response already gets the larger one ("accuracy").

@@ -29,7 +29,7 @@ from pofe.config import PofeConfig
 from pofe.data.prompts import DataError, PROMPT_FIELDS, load_rows
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, write_config
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
 from pofe.training import (
     ModelConfig,
     OptimConfig,
@@ -38,6 +38,7 @@ from pofe.training import (
     load_policy,
     make_optimizer,
     make_scheduler,
+    prune_checkpoints,
     save_checkpoint,
     save_final,
     seed_everything,
@@ -249,6 +250,9 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler)["step"]
         log.info("sft: resumed from %s at step %d", ckpt, start)
+        if (run_dir / "metrics.jsonl").exists():  # rows logged after the checkpoint are redone
+            rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) <= start]
+            atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     # --- train
@@ -282,7 +286,7 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{done}", model=policy, optimizer=optimizer,
                                 scheduler=scheduler, step=done)
-                _prune(run_dir / "checkpoints", cfg.keep_checkpoints)
+                prune_checkpoints(run_dir, cfg.keep_checkpoints)
 
     # --- save
     policy.eval()
@@ -297,9 +301,3 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the final model supersedes them
     return summary
-
-
-def _prune(root: Path, keep: int) -> None:
-    steps = sorted((int(d.name.split("-", 1)[1]), d) for d in root.iterdir() if d.is_dir() and d.name.startswith("step-"))
-    for _, d in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(d, ignore_errors=True)
