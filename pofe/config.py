@@ -106,6 +106,7 @@ def load_config(
         _set_path(data, keypath, value, f"--set {text}")
     for k, v in (extra or {}).items():
         _set_path(data, k.split("."), v, f"option {k}")
+    data = _merge(_defaults(cls), data)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -116,6 +117,30 @@ def load_config(
             if text.split("=", 1)[0].strip() == bad or bad.startswith(text.split("=", 1)[0].strip() + "."):
                 origin = f"--set {text}"
         raise ConfigError(_format_error(e, origin)) from None
+
+
+def _defaults(cls: type[PofeConfig]) -> dict[str, Any]:
+    """The class's defaults as a nested dict, or {} when it has required fields.
+
+    Why: a section whose default is a customised instance (``optim: OptimConfig =
+    OptimConfig(lr=1e-5, warmup_steps=0)``) must keep those values when a YAML file or
+    ``--set optim.lr=...`` changes one key of it; validating the partial dict alone would
+    rebuild the section from the class defaults and silently drop them.
+    """
+    try:
+        return cls().model_dump(mode="python", round_trip=True)
+    except ValidationError:
+        return {}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
 
 
 def dump_config(cfg: BaseModel) -> str:

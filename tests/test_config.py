@@ -91,3 +91,20 @@ def test_real_entry_point_exit_status(tmp_path):
     assert r.returncode == 2
     err = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and "nonsense_key" in err[0] and str(f) in err[0]
+
+
+class Opt(PofeConfig):
+    lr: float = 5e-7
+    warmup_steps: int = 150
+
+
+class WithCustomDefault(PofeConfig):
+    optim: Opt = Opt(lr=1e-5, warmup_steps=0)
+
+
+def test_partial_override_keeps_customised_section_defaults(tmp_path):
+    cfg = load_config(WithCustomDefault, None, ["optim.lr=0.001"])
+    assert cfg.optim.lr == 0.001 and cfg.optim.warmup_steps == 0  # not the class default 150
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 0.002\n")
+    assert load_config(WithCustomDefault, f).optim.warmup_steps == 0
