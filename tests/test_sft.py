@@ -79,6 +79,7 @@ def test_sft_trains_with_cosine_schedule(tmp_path, tokenizer, tiny_model):
     assert json.loads((tmp_path / out["run_dir"].split("/")[-1] / "summary.json").read_text())["steps"] == 8
 
 
+@pytest.mark.slow
 def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     ex = EXAMPLES * 2
     ref = sft_mod.run(_cfg(tmp_path / "a"), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer, examples=ex)
@@ -112,6 +113,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
                        run_dir=run_dir)["already_done"] is True
 
 
+@pytest.mark.slow
 def test_sft_lora_only_trains_adapter(tmp_path, tokenizer, tiny_model):
     cfg = _cfg(tmp_path, model={"lora": {"enabled": True, "r": 4, "alpha": 8}}, max_steps=3)
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
