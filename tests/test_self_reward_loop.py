@@ -168,3 +168,33 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
     m2 = s["iterations"][1]
     assert m2["dpo"]["resumed_from"] == 2 and m2["dpo"]["steps"] == 4
     assert (root / "iter_2" / "model" / "config.json").exists() and m2["selected_step"] in (2, 4)
+
+
+@pytest.mark.slow
+def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
+    """Seed stage wiring: IFT-only SFT baseline -> it judges the ranked responses with the
+    rubric (EFT) -> M1 = SFT on IFT + EFT; the held-out ranked split measures M1 as a judge.
+    A random tiny model never writes "Score: N", so every group is unscored and counted,
+    no EFT example is invented, and every RM-eval response is reported unscored."""
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": f"Answer {i}."}) + "\n" for i in range(4)))
+    ranked = tmp_path / "ranked.jsonl"
+    ranked.write_text("".join(json.dumps({"prompt": f"Q{i}", "responses": [f"good {i}", f"bad {i}"]}) + "\n"
+                              for i in range(4)))
+    cfg = SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 1,
+        "seed_sft": {"enabled": True, "ift": [str(ift)], "max_steps": 1, "batch_size": 2},
+        "eft": {"ranked": str(ranked), "eval_fraction": 0.5},
+        "judge": {"kind": "rubric", "template": "rubric", "rubric": {"samples": 1, "max_new_tokens": 6}},
+        "evaluation": {"num_prompts": 1, "sampling": {"max_new_tokens": 4}},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "seed"},
+    })
+    s = run(cfg)
+    it = Path(s["run_dir"]) / "iter_1"
+    assert (it / "sft_baseline" / "model" / "config.json").exists() and (it / "model" / "config.json").exists()
+    stats = json.loads((it / "data" / "eft_stats.json").read_text())
+    assert stats["groups"] == 2 and stats["groups_unscored"] == 2 and stats["examples"] == 0
+    assert len(read_jsonl(it / "data" / "rm_eval.jsonl")) == 2
+    m1 = s["iterations"][0]
+    assert m1["eft"]["groups"] == 2 and m1["sft"]["data"] == {"ift": 4, "eft": 0, "eft_capped": 0}
+    assert m1["rm_metrics"]["n_unscored_responses"] == 4 and m1["rm_metrics"]["pairwise_accuracy"] is None
