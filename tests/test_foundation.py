@@ -70,3 +70,10 @@ def test_jsonl_writer_and_torn_last_line(tmp_path):
         fh.write('{"step": 3, "lo')  # a crash mid-write
     rows = read_jsonl(f)
     assert rows == [{"step": 1, "loss": None}, {"step": 2}]
+
+
+def test_greedy_with_several_samples_repeats_the_greedy_answer(tiny_model, tokenizer):
+    s = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    out = generate(tiny_model, tokenizer, ["a", "b c"], n=3, sampling=s)
+    for g in out:
+        assert len(g) == 3 and len({c.token_ids for c in g}) == 1

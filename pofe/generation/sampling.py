@@ -64,10 +64,13 @@ def generate(
             texts = [_render(tokenizer, p) for p in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             do_sample = sampling.temperature > 0
+            # Greedy decoding gives n identical samples: decode once and repeat (transformers
+            # refuses num_return_sequences > 1 without sampling).
+            n_gen = n if do_sample else 1
             gen_kwargs = dict(
                 max_new_tokens=sampling.max_new_tokens,
                 do_sample=do_sample,
-                num_return_sequences=n,
+                num_return_sequences=n_gen,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=eos_ids,
             )
@@ -80,7 +83,7 @@ def generate(
                 p_ids = tuple(enc["input_ids"][i][mask].tolist())
                 group = []
                 for j in range(n):
-                    new = seqs[i * n + j, P:].tolist()
+                    new = seqs[i * n_gen + (j if do_sample else 0), P:].tolist()
                     ids, finished = _cut_at_eos(new, eos_ids, tokenizer.pad_token_id)
                     text = tokenizer.decode(ids, skip_special_tokens=True)
                     ptxt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
