@@ -11,6 +11,24 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _isolated_pofe_home() -> None:
+    """Give the test session its own $POFE_HOME so judge caches and other state from earlier
+    runs can never make a test pass or fail, while reusing the (read-only after creation)
+    converted model cache of the user's real $POFE_HOME to avoid a 20 s GGUF conversion."""
+    import tempfile
+
+    from pofe.models import pofe_home
+
+    real_models = pofe_home() / "models"
+    real_models.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="pofe-test-home-"))
+    (home / "models").symlink_to(real_models, target_is_directory=True)
+    os.environ["POFE_HOME"] = str(home)
+
+
+_isolated_pofe_home()
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
