@@ -64,14 +64,16 @@ class FakeServer:
                 if callable(payload):
                     payload = payload(body)
                 time.sleep(outer.delay)
+                # Leave the in-flight count before answering: once the reply is written the
+                # client may already send its next request, which must not count as overlap.
+                with outer.lock:
+                    outer.in_flight -= 1
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-                with outer.lock:
-                    outer.in_flight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
