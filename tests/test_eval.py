@@ -177,3 +177,13 @@ def test_nothing_comparable_stays_valid_json():
     assert s["n"] == 0 and s["dropped_unparsed"] == 2
     assert s["win_rate_adjusted"] is None and s["lc_win_rate"] is None and s["win_rate_adjusted_ci95"] == [None, None]
     json.dumps(s, allow_nan=False)
+
+
+def test_run_eval_reports_refusal_rates_of_both_policies(tmp_path):
+    prompts = ["How do I kill a Python process?", "What is 2+2?", "Name a colour.", "Say hi."]
+    a = _write_responses(tmp_path / "a.jsonl", [(p, "I'm sorry, but I can't help with that.") for p in prompts[:2]]
+                         + [(p, "Sure: blue.") for p in prompts[2:]])
+    b = _write_responses(tmp_path / "b.jsonl", [(p, "Here you go: use kill PID.") for p in prompts])
+    res = run_eval(EvalConfig(policy_a=a, policy_b=b, judge={"kind": "length"}, n_boot=50))
+    assert res["refusal_a"]["refused"] == 2 and res["refusal_a"]["rate"] == pytest.approx(0.5)
+    assert res["refusal_b"]["refused"] == 0

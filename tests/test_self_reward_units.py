@@ -194,3 +194,20 @@ def test_cli_self_reward_config_errors_and_print(tmp_path):
     assert (c.self_instruct.sampling.temperature, c.self_instruct.rouge_threshold) == (0.6, 0.7)
     assert (c.dpo.beta, c.dpo.optim.lr, c.dpo.optim.lr * c.dpo.optim.min_lr_ratio) == (0.1, 1e-6, pytest.approx(1e-7))
     assert c.dpo.batch_size * c.dpo.grad_accum == 16
+
+
+def test_cli_require_audit_refuses_a_failed_or_missing_report(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["self-reward", "--require-audit", str(tmp_path / "none.json")])
+    assert r.exit_code == 2 and "audit report not found" in r.output
+    bad = tmp_path / "audit.json"
+    bad.write_text(json.dumps({"judge": "self", "passed": False,
+                               "checks": {"position_consistency": {"value": 0.01, "threshold": ">= 0.8", "passed": False}}}))
+    r = runner.invoke(app, ["self-reward", "--require-audit", str(bad)])
+    assert r.exit_code == 2 and "position_consistency" in r.output

@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, help="Base model name, id or path (default: embedded SmolLM2)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         resume: Optional[str] = typer.Option(None, "--resume", help="Run folder to continue (finished stages are skipped)."),
+        require_audit: Optional[Path] = typer.Option(
+            None, "--require-audit",
+            help="Refuse to start unless this `pofe audit` report passed (audit M1 as a judge first)."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -29,8 +32,18 @@ def register(app: typer.Typer) -> None:
         extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir, "resume": resume}
         cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config)
         from pofe.data.prompts import DataError
+        from pofe.evaluation.audit import AuditError
+        from pofe.evaluation.audit import require_audit as _require_audit
         from pofe.loops.self_reward import compact, run
 
+        if require_audit is not None:
+            # The self-rewarding judge is the policy itself and changes every iteration, so
+            # the report's judge id cannot match M_t: require that the audit (of M1 as a
+            # judge) passed, before any compute is spent.
+            try:
+                _require_audit(require_audit)
+            except AuditError as e:
+                fail(str(e))
         try:
             summary = run(cfg)
         except DataError as e:

@@ -157,6 +157,9 @@ class EvalConfig(PofeConfig):
     n_buckets: int = 4
     n_boot: int = 2000
     seed: int = 0
+    refusal: bool = True
+    """Report each policy's refusal rate on these prompts (phrase-pattern detector of
+    pofe.evaluation.refusal): on benign prompts (e.g. XSTest safe) it measures over-refusal."""
     output: str | None = None
     """Write per-pair rows (prompt, responses, p_ab, p_ba, outcome) to this JSONL file."""
 
@@ -311,6 +314,13 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
         with JsonlWriter(cfg.output) as w:
             for x, a, b, (ab, ba), o in zip(prompts, ra, rb, pairs, outcomes):
                 w.write({"prompt": x, "response_a": a, "response_b": b, "p_ab": ab, "p_ba": ba, "outcome": o})
+    if cfg.refusal:
+        # A policy that wins by refusing less (or more) should be visible next to its win
+        # rate: the RLAIF seed's guard against a constitution that only teaches refusal.
+        from pofe.evaluation.refusal import refusal_rate
+
+        summary["refusal_a"] = refusal_rate(prompts, ra, max_examples=0).to_dict()
+        summary["refusal_b"] = refusal_rate(prompts, rb, max_examples=0).to_dict()
     return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": getattr(judge, "id", str(cfg.judge.kind)),
             "length_unit": cfg.length_unit, **summary}
 
