@@ -64,3 +64,16 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder not found at {SHARED_DATA} (tests that read benchmark data need it)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run a test with one torch thread: tiny models are ~20x faster single-threaded on a
+    shared 2-core CPU (OpenMP threads contend). Opt in per module with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -17,15 +17,8 @@ from pofe.loops.cai_revise import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models run ~20x faster single-threaded on a shared CPU (thread contention)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_shipped_hhh_constitution_is_comparative_and_complete():

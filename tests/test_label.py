@@ -10,15 +10,8 @@ from pofe.loops.label import LabelConfig, label_stats, run, to_preference
 from pofe.records import Judgment
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models run ~20x faster single-threaded on a shared CPU (thread contention)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _row(p, p_ab=None, p_ba=None, a="aa", b="b", consistent=None):

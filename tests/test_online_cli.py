@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from pofe.cli.main import app
@@ -16,12 +15,8 @@ from pofe.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _sets(tmp_path, model_dir, *extra):

@@ -16,12 +16,8 @@ from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import read_jsonl
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _c(text, ids=(5,)):

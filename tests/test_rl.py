@@ -22,13 +22,8 @@ from pofe.loops.rl import (
 from pofe.records import Completion, Score
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models run ~20x faster single-threaded on a shared CPU (thread contention)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_rloo_advantages_by_hand():

@@ -13,12 +13,8 @@ from pofe.training import (LoraSettings, ModelConfig, OptimConfig, Reference, la
                            load_policy, make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models run much faster single-threaded (shared fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lps(model, n=3):
