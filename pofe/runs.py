@@ -43,6 +43,24 @@ def new_run_dir(run: RunConfig, command: str) -> Path:
     return candidate
 
 
+class RunError(Exception):
+    """A run folder that cannot be used (missing, not a pofe run, held by another process).
+    ``str(e)`` is one line; the CLI exits 2 with it."""
+
+
+def open_run(run: RunConfig, command: str, *, resume: str | Path | None = None) -> Path:
+    """The run folder a command writes into: a fresh one, or ``resume`` (which must already be
+    a pofe run folder holding ``config.yaml``). Every command goes through here, so the
+    guarantees about run folders (never shared by two runs, never outside ``run.output_dir``,
+    never resumed while another process holds it) live in one place."""
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise RunError(f"--resume {run_dir}: no config.yaml there (not a pofe run folder)")
+        return run_dir
+    return new_run_dir(run, command)
+
+
 def write_config(run_dir: Path, cfg: BaseModel) -> Path:
     path = Path(run_dir) / "config.yaml"
     atomic_write_text(path, dump_config(cfg))

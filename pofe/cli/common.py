@@ -28,8 +28,24 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str]], extra: dict[str, Any] | None = None,
-                   print_config: bool = False) -> T:
-    """Load the command's config or exit 2 naming the bad key and the file."""
+                   print_config: bool = False, resume: Optional[Path] = None) -> T:
+    """Load the command's config or exit 2 naming the bad key and the file.
+
+    With ``resume`` (a run folder), the run's own saved ``config.yaml`` is the truth: a
+    resumed run must continue the run that was started, never a default one (a resume that
+    rebuilt the config from defaults once overwrote the run's config and mixed two judges'
+    labels in one file). ``--config`` and ``--set`` are refused with a resume.
+    """
+    if resume is not None:
+        saved = Path(resume) / "config.yaml"
+        if not saved.is_file():
+            fail(f"--resume {resume}: no config.yaml there (not a pofe run folder)")
+        given = [k for k, v in (extra or {}).items() if v is not None]
+        if config is not None or sets or given:
+            what = "--config" if config is not None else ("--set " + sets[0]) if sets else f"option {given[0]}"
+            fail(f"--resume {resume}: {what} is refused; a resumed run keeps its saved config.yaml "
+                 f"(start a new run to change settings)")
+        config, sets, extra = saved, [], {}
     try:
         cfg = load_config(cls, config, sets or [], {k: v for k, v in (extra or {}).items() if v is not None})
     except ConfigError as e:
