@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
-from pofe.runs import JsonlWriter
 
 P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -86,57 +84,6 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
         "tokens_per_s": gen_tokens / times["generate"] if times.get("generate") else None,
     }
     return row
-
-
-class MetricsSink:
-    """metrics.jsonl plus optional TensorBoard / W&B / MLflow."""
-
-    def __init__(self, run_dir: Path, *, tensorboard: bool | None, wandb: bool, mlflow: bool, config: dict):
-        self.jsonl = JsonlWriter(Path(run_dir) / "metrics.jsonl")
-        self.tb = self._wandb = self._mlflow = None
-        if tensorboard is not False:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-            except ImportError:
-                if tensorboard:
-                    raise RuntimeError("log.tensorboard is true but tensorboard is not installed: pip install tensorboard") from None
-        if wandb:
-            try:
-                import wandb as _wandb
-            except ImportError:
-                raise RuntimeError("log.wandb is true but wandb is not installed: pip install wandb") from None
-            self._wandb = _wandb.init(project="pofe", name=Path(run_dir).name, config=config, dir=str(run_dir))
-        if mlflow:
-            try:
-                import mlflow as _mlflow
-            except ImportError:
-                raise RuntimeError("log.mlflow is true but mlflow is not installed: pip install mlflow") from None
-            _mlflow.start_run(run_name=Path(run_dir).name)
-            self._mlflow = _mlflow
-
-    def write(self, row: dict[str, Any]) -> None:
-        self.jsonl.write(row)
-        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
-        step = int(row.get("step", 0))
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(scalars, step=step)
-        if self._mlflow is not None:
-            self._mlflow.log_metrics(scalars, step=step)
-
-    def close(self) -> None:
-        self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-        if self._mlflow is not None:
-            self._mlflow.end_run()
 
 
 def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | None = None) -> dict[str, Any]:

@@ -64,7 +64,8 @@ from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoin
                            make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
                            seed_everything)
 from pofe.loops.dap import TokenPair, dap_backward
-from pofe.loops.metrics import MetricsSink, step_metrics, summarise
+from pofe.loops.metrics import step_metrics, summarise
+from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,6 @@ class EvalSettings(PofeConfig):
     """Greedy by default so that the win rate does not depend on sampling luck."""
 
 
-class LogSettings(PofeConfig):
-    tensorboard: bool | None = None
-    """None = when tensorboard is installed."""
-    wandb: bool = False
-    mlflow: bool = False
-    progress: bool = True
-    """Progress bar with ETA on stderr (main process)."""
-
-
 class CheckpointSettings(PofeConfig):
     every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
@@ -157,7 +149,7 @@ class OnlineConfig(PofeConfig):
     data: DataSettings = DataSettings()
     eval: EvalSettings = EvalSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
-    log: LogSettings = LogSettings()
+    log: LogConfig = LogConfig()
     run: RunConfig = RunConfig()
 
 
@@ -521,10 +513,11 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         with reference.model() as pi0:
             init_responses = [g[0] for g in generate(pi0, tok, [_prompt_input(p) for p in my_eval], n=1, sampling=cfg.eval.sampling)]
 
-    sink = MetricsSink(run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow,
-                       config=cfg.model_dump(mode="json")) if main else None
+    sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json")) if main else None
     ledger = JsonlWriter(run_dir / "ledger.jsonl") if main and not offline else None
-    bar = _progress(cfg, start, main)
+    bar = Progress(cfg.log, total=cfg.train.steps, initial=start, desc=f"pofe {cfg.mode}", main=main,
+                   show=(("loss", "loss", "{:.3f}"), ("mean_len", "len", "{:.1f}"), ("mean_p", "p", "{:.2f}"),
+                         ("winrate_vs_init", "win", "{:.2f}")))
 
     # ------------------------------------------------------------------ loop (Algorithm 1)
     step = start
@@ -602,7 +595,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
                 row.update(ev)
         if main:
             sink.write(row)
-            _update_bar(bar, row)
+            bar.update(row)
 
         # checkpoint: everything an exact resume needs, written atomically
         if step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0):
@@ -617,8 +610,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             _fault(step, "after_checkpoint")
 
     # ------------------------------------------------------------------ save
-    if bar is not None:
-        bar.close()
+    bar.close()
     final_dir = run_dir / "final"
     if main:
         if step > start or not final_dir.exists():
@@ -690,23 +682,3 @@ def _evaluate(cfg, acc, ddp_policy, tok, judge, judge_ctx, prompts, init_respons
     return {"winrate_vs_init": winrate_value(g), "eval_wins": g["wins"], "eval_ties": g["ties"],
             "eval_losses": g["losses"], "eval_unlabelled": g["unlabelled"],
             "eval_mean_len": tot_len / n_eval if n_eval else None, "time_eval": time.perf_counter() - t0}
-
-
-def _progress(cfg: OnlineConfig, start: int, main: bool):
-    if not (main and cfg.log.progress):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.train.steps, initial=start, desc=f"pofe {cfg.mode}", unit="step", dynamic_ncols=True)
-
-
-def _update_bar(bar, row: dict) -> None:
-    if bar is None:
-        return
-    post = {}
-    for key, name, fmt in (("loss", "loss", "{:.3f}"), ("mean_len", "len", "{:.1f}"), ("mean_p", "p", "{:.2f}"),
-                           ("winrate_vs_init", "win", "{:.2f}")):
-        if row.get(key) is not None:
-            post[name] = fmt.format(row[key])
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)

@@ -54,8 +54,9 @@ from pofe.generation import SamplingConfig, generate
 from pofe.generation.self_instruct import SelfInstructConfig, generate_prompts
 from pofe.judges.registry import JudgeConfig, build_judge
 from pofe.records import Judgment
+from pofe.training.tracking import LogConfig
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
-from pofe.training import LoraSettings, ModelConfig, OptimConfig, seed_everything
+from pofe.training import ModelConfig, OptimConfig, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -507,7 +508,7 @@ def dpo_stage(cfg: SelfRewardConfig, prev_model: str, aift_path: Path, n_pairs: 
         data=online.DataSettings(preferences=str(aift_path)),
         eval=online.EvalSettings(enabled=False),
         checkpoint=online.CheckpointSettings(every=every, keep_last=0),
-        log=online.LogSettings(tensorboard=False, progress=False),
+        log=LogConfig(tensorboard=False, progress=False),
         run=RunConfig(output_dir=str(it_dir), name="dpo"),
     )
     dpo_dir = it_dir / "dpo"
