@@ -71,10 +71,29 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any, origin: str) ->
     cur[path[-1]] = value
 
 
-def _format_error(e: ValidationError, source: str) -> str:
+def _error_key(err: dict[str, Any], data: Any) -> str:
+    """The dotted key of a validation error as the user wrote it: a tagged union (``judge:``,
+    chosen by ``kind``) puts the tag in pydantic's loc (``judge.length.model``); drop it, and
+    name ``<section>.kind`` when the tag itself is bad or missing."""
+    parts, node = [], data
+    for x in err["loc"]:
+        if isinstance(node, dict) and x not in node and node.get("kind") == x:
+            continue  # the union tag, not a key
+        parts.append(str(x))
+        node = node.get(x) if isinstance(node, dict) else None
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        parts.append("kind")
+    return ".".join(parts) or "<root>"
+
+
+def _format_error(e: ValidationError, source: str, data: Any = None) -> str:
     err = e.errors()[0]
-    key = ".".join(str(x) for x in err["loc"]) or "<root>"
-    if err["type"] == "extra_forbidden":
+    key = _error_key(err, data)
+    if err["type"] == "union_tag_invalid":
+        msg = f"bad value for '{key}': unknown kind {err['ctx']['tag']!r}; choose one of {err['ctx']['expected_tags']}"
+    elif err["type"] == "union_tag_not_found":
+        msg = f"missing required key '{key}'"
+    elif err["type"] == "extra_forbidden":
         msg = f"unknown key '{key}'"
     elif err["type"] == "missing":
         msg = f"missing required key '{key}'"
@@ -111,12 +130,12 @@ def load_config(
         return cls.model_validate(data)
     except ValidationError as e:
         # Name where the bad key came from: a --set override if it touched that key.
-        bad = ".".join(str(x) for x in e.errors()[0]["loc"])
+        bad = _error_key(e.errors()[0], data)
         origin = source
         for text in overrides:
             if text.split("=", 1)[0].strip() == bad or bad.startswith(text.split("=", 1)[0].strip() + "."):
                 origin = f"--set {text}"
-        raise ConfigError(_format_error(e, origin)) from None
+        raise ConfigError(_format_error(e, origin, data)) from None
 
 
 def _defaults(cls: type[PofeConfig]) -> dict[str, Any]:
@@ -136,7 +155,9 @@ def _defaults(cls: type[PofeConfig]) -> dict[str, Any]:
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        # A section whose ``kind`` changes (judge: llm -> length) starts from the new kind's
+        # own defaults: the old kind's settings are not keys of the new one.
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and v.get("kind", out[k].get("kind")) == out[k].get("kind"):
             out[k] = _merge(out[k], v)
         else:
             out[k] = v

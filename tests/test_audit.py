@@ -18,7 +18,8 @@ from pofe.evaluation.audit import (
     AuditConfig, AuditError, AuditThresholds, calibration_metrics, contrast_pairs, evaluate_checks, require_audit,
     run_audit,
 )
-from pofe.judges.registry import JudgeConfig, build_judge
+from pofe.judges.config import LengthJudgeConfig, LLMJudgeConfig
+from pofe.judges.registry import build_judge
 from pofe.records import Judgment
 
 runner = CliRunner()
@@ -138,14 +139,14 @@ def test_unbiased_judge_contrasts_sit_at_half_and_position_judge_fails():
 
 
 def test_length_judge_on_synthetic_set_correlates_and_fails():
-    rep = run_audit(build_judge(JudgeConfig(kind="length", prefer="longer")), _items(), AuditConfig(contrast_limit=10))
+    rep = run_audit(build_judge(LengthJudgeConfig(prefer="longer")), _items(), AuditConfig(contrast_limit=10))
     m = rep["metrics"]
     assert m["length_correlation"] == 1.0 and m["longer_preferred_rate"] == 1.0
     assert m["position_consistency"] == 1.0 and m["first_position_win_rate"] == 0.5
     assert m["length_slope"] > 5
     assert not rep["checks"]["length_correlation"]["passed"] and not rep["passed"]
     assert all(m["contrasts"][k]["mean_p_variant"] == 1.0 for k in ("padding", "bullets", "confident_preamble"))
-    shorter = run_audit(build_judge(JudgeConfig(kind="length")), _items(), AuditConfig(contrasts=False))
+    shorter = run_audit(build_judge(LengthJudgeConfig()), _items(), AuditConfig(contrasts=False))
     assert shorter["metrics"]["length_correlation"] == -1.0
 
 
@@ -154,7 +155,7 @@ def test_require_audit(tmp_path):
     ok.write_text(json.dumps({"judge": "j", "passed": True, "checks": {"agreement": {"value": 0.7, "threshold": 0.6,
                                                                                      "op": ">=", "passed": True}}}))
     assert require_audit(ok)["judge"] == "j"
-    rep = run_audit(build_judge(JudgeConfig(kind="length", prefer="longer")), _items(), AuditConfig(contrasts=False))
+    rep = run_audit(build_judge(LengthJudgeConfig(prefer="longer")), _items(), AuditConfig(contrasts=False))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(rep))
     with pytest.raises(AuditError, match=r"length_correlation = 1\.000 \(needs <= 0\.3\)") as e:
@@ -235,7 +236,7 @@ def test_length_judge_audit_on_shared_data(shared_data):
     """Acceptance: the programmatic length judge audited on HH-RLHF + LLMBar reports a length
     correlation of 1 and fails the length threshold."""
     cfg = AuditConfig(calibration=[str(shared_data / "hh-rlhf"), str(shared_data / "llmbar")], limit=25,
-                      judge=JudgeConfig(kind="length", prefer="longer"), contrast_limit=20)
+                      judge=LengthJudgeConfig(prefer="longer"), contrast_limit=20)
     from pofe.evaluation.audit import audit_from_config
 
     rep = audit_from_config(cfg)
@@ -263,7 +264,7 @@ def test_llm_judge_audit_small_subset(shared_data):
     from pofe.evaluation.audit import audit_from_config
 
     cfg = AuditConfig(calibration=[str(shared_data / "hh-rlhf" / "helpful-base")], limit=4,
-                      judge=JudgeConfig(kind="llm", max_response_chars=400), contrast_limit=1)
+                      judge=LLMJudgeConfig(max_response_chars=400), contrast_limit=1)
     rep = audit_from_config(cfg)
     m = rep["metrics"]
     assert rep["calibration"]["n_items"] == 4

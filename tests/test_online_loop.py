@@ -192,7 +192,8 @@ def test_iterative_mode_relabels_every_k_steps(tmp_path, tiny_model_dir):
 def test_reward_model_annotator(tmp_path, tokenizer, tiny_model_dir):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from pofe.judges.registry import JudgeConfig, build_judge
+    from pofe.judges.config import RewardModelJudgeConfig
+    from pofe.judges.registry import build_judge
 
     torch.manual_seed(0)
     rm = LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
@@ -201,13 +202,16 @@ def test_reward_model_annotator(tmp_path, tokenizer, tiny_model_dir):
     rm_dir = tmp_path / "rm"
     rm.save_pretrained(rm_dir)
     tokenizer.save_pretrained(rm_dir)
-    judge = build_judge(JudgeConfig(kind="reward-model", reward_model=str(rm_dir)))
+    judge = build_judge(RewardModelJudgeConfig(reward_model=str(rm_dir)))
     r = judge.rewards(["q", "q"], ["yes", "no way"])
     [v] = judge.judge(["q"], ["yes"], ["no way"])
     assert v.p == pytest.approx(1 / (1 + math.exp(-(r[0] - r[1])))) and v.p_ab == v.p_ba == v.p and v.consistent
     assert judge.score(["q"], ["yes"])[0].score == pytest.approx(r[0])
-    with pytest.raises(ValueError, match="judge.reward_model"):
-        build_judge(JudgeConfig(kind="reward-model"))
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.online import OnlineConfig
+
+    with pytest.raises(ConfigError, match="missing required key 'judge.reward_model'"):  # at parse time
+        load_config(OnlineConfig, overrides=["judge.kind=reward-model"])
     s = run(tiny_cfg(tmp_path, tiny_model_dir, "judge.kind=reward-model", f"judge.reward_model={rm_dir}",
                      "train.steps=1", "loss.labels=soft", "eval.enabled=false"))
     assert s["judge"].startswith("reward-model:") and s["trained_pairs"] >= 1

@@ -135,9 +135,10 @@ def test_run_saves_a_sequence_classifier_that_plugs_in_as_judge(tmp_path, tiny_m
 
     m = AutoModelForSequenceClassification.from_pretrained(s["model_dir"])
     assert m.config.num_labels == 1
-    from pofe.judges.registry import JudgeConfig, build_judge
+    from pofe.judges.config import RewardModelJudgeConfig
+    from pofe.judges.registry import build_judge
 
-    j = build_judge(JudgeConfig(kind="reward-model", reward_model=s["model_dir"]))
+    j = build_judge(RewardModelJudgeConfig(reward_model=s["model_dir"]))
     v = j.judge(["Question 1?"], ["Short."], ["A long and rambling answer " * 3])[0]
     assert v.p > 0.5 and v.consistent  # sigma(r_A - r_B) with the preference it was trained on
 

@@ -19,7 +19,7 @@ import typer
 
 from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
 from pofe.config import PofeConfig
-from pofe.judges.registry import JudgeConfig
+from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class JudgeCommandConfig(PofeConfig):
     """Label only the first N rows."""
     chunk_size: int = 64
     """Rows per judge call (verdicts are written after each chunk)."""
-    judge: JudgeConfig = JudgeConfig()
+    judge: JudgeConfig = LLMJudgeConfig()
     run: RunConfig = RunConfig()
 
 
@@ -65,14 +65,14 @@ def load_rows(path: str) -> list[dict[str, Any]]:
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:
     """Setup -> label in chunks -> save. Returns the summary."""
     from pofe.judges import build_judge, summarize_judgments, summarize_scores
-    from pofe.judges.registry import POINTWISE_KINDS
+    from pofe.judges.base import Capability, has_capability
 
     if not cfg.input:
         raise ValueError("no input file: pofe judge FILE")
     rows = load_rows(cfg.input)
     if cfg.limit is not None:
         rows = rows[: cfg.limit]
-    pointwise = cfg.judge.kind in POINTWISE_KINDS
+    pointwise = not has_capability(cfg.judge, Capability.PAIRWISE)
     need = [cfg.prompt_field] + ([] if pointwise else [cfg.a_field, cfg.b_field])
     for i, r in enumerate(rows):
         missing = [k for k in need if k not in r]
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
                  "judge.model": model, "judge.template": template, "limit": limit,
                  "judge.cache.enabled": False if no_cache else None}
         cfg = resolve_config(JudgeCommandConfig, config, set_, extra, print_config)
-        from pofe.judges.backends import EndpointError
+        from pofe.judges.base import EndpointError
 
         try:
             summary = run_judge(cfg)

@@ -17,7 +17,7 @@ def describe(summary: dict[str, Any], cfg) -> str:
     s = summary
     lines = []
     what = "offline DAP on a fixed preference file" if s["mode"] == "offline" else \
-        f"{s['mode']} AI feedback from {s['judge']} (template {cfg.judge.template})" if cfg.judge.kind not in ("length",) \
+        f"{s['mode']} AI feedback from {s['judge']} (template {cfg.judge.template})" if hasattr(cfg.judge, "template") \
         else f"{s['mode']} AI feedback from {s['judge']}"
     lines.append(f"pofe online: {s['steps']} steps of {s['loss'].upper()} (beta {s['beta']:g}, {s['labels']} labels), {what}")
     if s["mode"] != "offline":
@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
                                                           "judge.template": template, "model.name": model}, print_config)
         from pofe.data.prompts import DataError
         from pofe.evaluation.audit import AuditError
+        from pofe.judges.base import EndpointError, JudgeError
         from pofe.loops.online import run
 
         t0 = time.perf_counter()
@@ -74,10 +75,12 @@ def register(app: typer.Typer) -> None:
             summary = run(cfg, resume=resume, require_audit=require_audit)
         except AuditError as e:  # the judge failed (or lacks) its audit: refuse to train
             fail(str(e))
-        except (DataError, FileNotFoundError) as e:
+        except EndpointError as e:  # unreachable judge: environment, not bad input
+            fail(str(e), code=1)
+        except (DataError, FileNotFoundError, JudgeError) as e:
             fail(str(e))
         except ValueError as e:
-            if "judge kind" in str(e) or "mode=offline" in str(e):
+            if "mode=offline" in str(e):
                 fail(str(e))
             raise
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)

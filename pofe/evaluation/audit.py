@@ -41,7 +41,8 @@ import numpy as np
 from pofe.config import PofeConfig
 from pofe.data.calibration import CalibrationItem, load_calibration
 from pofe.evaluation.stats import fit_logistic, somers_d, spearman
-from pofe.judges.registry import JudgeConfig
+from pofe.judges.base import as_pairwise, judge_identity
+from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.records import Judgment
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class AuditConfig(PofeConfig):
     limit: int | None = None
     """Seeded random subset of at most this many items per file."""
     seed: int = 0
-    judge: JudgeConfig = JudgeConfig()
+    judge: JudgeConfig = LLMJudgeConfig()
     length_unit: Literal["chars", "words"] = "chars"
     contrasts: bool = True
     """Build and judge contrast pairs."""
@@ -137,39 +138,6 @@ def contrast_pairs(items: Sequence[CalibrationItem], limit: int, seed: int = 0) 
 
 
 # --------------------------------------------------------------------------- judging
-
-
-class PointwiseAsPairwise:
-    """A pointwise judge (rubric / expected score, as self-rewarding LMs use) seen as a
-    pairwise one: both responses are scored and P(A better) is 1, 0 or 1/2 on equal scores.
-    Scoring is order-free, so both orders carry the same verdict; an unscored response gives
-    ``p = None`` (never a guess)."""
-
-    def __init__(self, judge):
-        self.inner = judge
-        self.id = getattr(judge, "id", "pointwise")
-
-    def judge(self, prompts, responses_a, responses_b, *, references=None):
-        n = len(prompts)
-        scores = self.inner.score(list(prompts) * 2, list(responses_a) + list(responses_b))
-        out = []
-        for sa, sb in zip(scores[:n], scores[n:]):
-            if sa.score is None or sb.score is None:
-                p = None
-            else:
-                p = 1.0 if sa.score > sb.score else 0.0 if sa.score < sb.score else 0.5
-            out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=None if p is None else True, parse_ok=p is not None,
-                                judge_id=self.id, extra={"score_a": sa.score, "score_b": sb.score}))
-        return out
-
-
-def as_pairwise(judge):
-    """The judge itself when it compares pairs, else a :class:`PointwiseAsPairwise` wrapper."""
-    if hasattr(judge, "judge"):
-        return judge
-    if hasattr(judge, "score"):
-        return PointwiseAsPairwise(judge)
-    raise TypeError(f"{judge!r} is neither a pairwise (judge) nor a pointwise (score) judge")
 
 
 def _judge_all(judge, prompts: list[str], a: list[str], b: list[str], batch_size: int, what: str) -> list[Judgment]:
@@ -381,6 +349,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         sources[it.source] = sources.get(it.source, 0) + 1
     return {
         "judge": getattr(judge, "id", cfg.judge.kind),
+        "judge_identity": judge_identity(judge),
         "judge_config": cfg.judge.model_dump(),
         "calibration": {"paths": list(cfg.calibration), "n_items": len(items), "by_source": sources,
                         "limit_per_file": cfg.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
@@ -419,12 +388,15 @@ def describe_check(name: str, c: dict[str, Any]) -> str:
     return f"{name} = {vs} (needs {want} {c.get('threshold')})"
 
 
-def require_audit(path: str | Path, *, judge_id: str | None = None) -> dict[str, Any]:
+def require_audit(path: str | Path, *, judge_id: str | None = None, judge=None) -> dict[str, Any]:
     """Refuse to train on a judge whose audit failed (``--require-audit REPORT``).
 
     Returns the report when it passed; raises :class:`AuditError` naming every failed check
-    otherwise, or when the report is missing, unreadable, or audited a different judge
-    (``judge_id`` given and not equal to the report's ``judge``).
+    otherwise, or when the report is missing, unreadable, or audited a different judge:
+    ``judge_id`` given and not equal to the report's ``judge``, or ``judge`` given and its
+    full identity (:func:`~pofe.judges.base.judge_identity`: endpoint URL and served model,
+    both_orders, CoT, choices, temperature, template hash, constitution version, ...) not
+    equal to the report's ``judge_identity``.
     """
     path = Path(path)
     if not path.exists():
@@ -438,12 +410,33 @@ def require_audit(path: str | Path, *, judge_id: str | None = None) -> dict[str,
     if judge_id is not None and report.get("judge") != judge_id:
         raise AuditError(f"audit report {path} audited judge {report.get('judge')!r}, not {judge_id!r}; "
                          "audit the judge you train with", ["judge_mismatch"])
+    if judge is not None:
+        want, got = judge_identity(judge), report.get("judge_identity")
+        if got is None:
+            raise AuditError(f"audit report {path} records no judge identity (made by an older pofe); "
+                             "re-run `pofe audit` for the judge you train with", ["judge_mismatch"])
+        diff = _identity_diff(got, want)
+        if diff:
+            raise AuditError(f"audit report {path} audited a different judge ({'; '.join(diff[:4])}"
+                             f"{'; ...' if len(diff) > 4 else ''}); audit the judge you train with", ["judge_mismatch"])
     failed = failed_checks(report)
     if not report["passed"] or failed:
         detail = "; ".join(describe_check(n, report["checks"][n]) for n in failed) or "passed is false"
         raise AuditError(f"judge {report.get('judge')!r} failed its audit ({path}): {detail}. "
                          "Refusing to train on it.", failed)
     return report
+
+
+def _identity_diff(audited: Any, now: Any, key: str = "") -> list[str]:
+    """Dotted keys where two judge identities differ, as 'key: audited X, now Y'."""
+    if isinstance(audited, dict) and isinstance(now, dict):
+        out = []
+        for k in sorted(set(audited) | set(now)):
+            out += _identity_diff(audited.get(k), now.get(k), f"{key}.{k}" if key else str(k))
+        return out
+    if isinstance(audited, (list, tuple)) and isinstance(now, (list, tuple)):
+        audited, now = list(audited), list(now)
+    return [] if audited == now else [f"{key}: audited {audited!r}, now {now!r}"]
 
 
 def format_audit(report: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from pofe.config import PofeConfig
 from pofe.evaluation.stats import bootstrap_ci, fit_logistic, sigmoid
 from pofe.generation import SamplingConfig
-from pofe.judges.registry import JudgeConfig
+from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class EvalConfig(PofeConfig):
     of a responses file."""
     limit: int | None = None
     """Use only the first N prompts."""
-    judge: JudgeConfig = JudgeConfig()
+    judge: JudgeConfig = LLMJudgeConfig()
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.7)
     length_unit: Literal["chars", "words"] = "chars"
     n_buckets: int = 4
@@ -282,7 +282,7 @@ def judge_pairs(judge, prompts: list[str], resp_a: list[str], resp_b: list[str])
     answered only one (``p_ba is None`` with ``p_ab`` set) is asked again with the order
     swapped, so every pair is judged both ways.
     """
-    from pofe.evaluation.audit import as_pairwise
+    from pofe.judges.base import as_pairwise
 
     judge = as_pairwise(judge)
     js = judge.judge(prompts, resp_a, resp_b)

@@ -7,12 +7,13 @@ scoring both orders and averaging, p = ½(p₁₂ + 1 − p₂₁). Both orders 
 backend batch. Optional:
 
 * chain-of-thought (Bai et al. 2022): the judge first writes a comparison, then the
-  choice token is read after it; p may be clamped to [lo, hi] (CAI uses [0.4, 0.6]);
+  choice token is read after it; p is clamped to [lo, hi] (the config's default with CoT
+  on is CAI's [0.4, 0.6]);
 * a constitution: one principle sampled per comparison (or an ensemble of K averaged),
   recorded with the label.
 
-Every ordered read goes through the judge cache. Unreadable reads give ``None`` and are
-counted, never replaced by 0.5.
+Every ordered read goes through the judge cache. Unreadable reads (including NaN/inf
+log-probs) give ``None`` and are counted, never replaced by 0.5.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pofe.judges.base import check_batch
+from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.judges.cache import JudgeCache, cache_key
 from pofe.judges.probability import clamp, combine_orders, first_choice_probability, is_consistent
 from pofe.judges.templates import Rendered, Template
@@ -66,7 +67,7 @@ def _dec(x):
 
 
 class LLMPairwiseJudge:
-    """Pairwise judge over any backend (transformers, llama.cpp, OpenAI-compatible)."""
+    """Pairwise judge over any :class:`~pofe.judges.base.JudgeBackend`."""
 
     def __init__(self, backend, template: Template, *, judge_id: str | None = None, choices: Sequence[str] | None = None,
                  both_orders: bool = True, require_both_orders: bool = True, cot: bool = False,
@@ -74,35 +75,52 @@ class LLMPairwiseJudge:
                  constitution=None, principles_per_comparison: int = 1, seed: int = 0,
                  cache: JudgeCache | None = None, max_response_chars: int | None = None):
         if template.kind != "pairwise":
-            raise ValueError(f"template {template.id!r} is a {template.kind} template; a pairwise judge needs a pairwise one")
+            raise JudgeConfigError(f"template {template.id!r} is a {template.kind} template; a pairwise judge needs a pairwise one")
         self.backend = backend
         self.template = template
         self.choices = tuple(choices or template.choices)
         if len(self.choices) != 2:
-            raise ValueError(f"a pairwise judge needs exactly two choices, got {list(self.choices)}")
+            raise JudgeConfigError(f"a pairwise judge needs exactly two choices, got {list(self.choices)}")
         self.both_orders = both_orders
         self.require_both_orders = require_both_orders and both_orders
         self.cot = cot
         if cot and getattr(backend, "api", None) == "chat" and not getattr(backend, "chat_prefill", False):
             # The choice is read after the rationale, which must be sent back as the start of
             # the judge's own answer: only possible with a prefilled assistant turn.
-            raise ValueError("chain-of-thought over the chat API needs judge.endpoint.chat_prefill=true "
+            raise JudgeConfigError("chain-of-thought over the chat API needs judge.endpoint.chat_prefill=true "
                              "(or judge.endpoint.api=completions)")
         self.cot_max_new_tokens, self.cot_temperature = cot_max_new_tokens, cot_temperature
         if clamp_p is not None and (len(clamp_p) != 2 or not 0.0 <= clamp_p[0] <= clamp_p[1] <= 1.0):
-            raise ValueError(f"clamp must be [lo, hi] with 0 <= lo <= hi <= 1, got {clamp_p}")
+            raise JudgeConfigError(f"clamp must be [lo, hi] with 0 <= lo <= hi <= 1, got {clamp_p}")
         self.clamp_p = tuple(clamp_p) if clamp_p else None
         self.constitution = constitution
         if constitution is not None and "{principle}" not in template.prompt:
-            raise ValueError(f"template {template.id!r} has no {{principle}} slot; use the 'constitution' template")
+            raise JudgeConfigError(f"template {template.id!r} has no {{principle}} slot; use the 'constitution' template")
         if constitution is None and "{principle}" in template.prompt:
-            raise ValueError(f"template {template.id!r} needs a constitution (judge.constitution)")
+            raise JudgeConfigError(f"template {template.id!r} needs a constitution (judge.constitution)")
         self.k = principles_per_comparison
         self.seed = seed
         self.cache = cache if getattr(backend, "cacheable", True) else None
         self.max_response_chars = max_response_chars
         self.id = judge_id or f"{backend.kind}:{getattr(backend, 'model_name', getattr(backend, 'model_id', ''))}:{template.id}"
         self._validated = False
+        caps = {Capability.PAIRWISE, Capability.NEEDS_LOGPROBS}
+        if backend.kind == "transformers":
+            caps.add(Capability.SHARES_WEIGHTS)
+        self.capabilities = frozenset(caps)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that can change this judge's labels (what an audit must match)."""
+        backend_id = self.backend.identity() if hasattr(self.backend, "identity") else {"fingerprint": self.backend.fingerprint}
+        return {"kind": "pairwise-llm", "backend": backend_id, "template_id": self.template.id,
+                "template_hash": self.template.hash, "choices": list(self.choices), "both_orders": self.both_orders,
+                "require_both_orders": self.require_both_orders,
+                "cot": {"enabled": self.cot, "max_new_tokens": self.cot_max_new_tokens,
+                        "temperature": self.cot_temperature} if self.cot else {"enabled": False},
+                "clamp": list(self.clamp_p) if self.clamp_p else None,
+                "constitution_version": self.constitution.version if self.constitution is not None else None,
+                "principles_per_comparison": self.k if self.constitution is not None else None,
+                "seed": self.seed, "max_response_chars": self.max_response_chars}
 
     # -- helpers ----------------------------------------------------------------------
     def _decoding(self) -> dict[str, Any]:
@@ -194,13 +212,15 @@ class LLMPairwiseJudge:
                 per_item.append(orders)
             plan.append(per_item)
         flat = [req for item in plan for pr in item for req in pr]
-        fp = self.backend.fingerprint  # once per call: it may stat weight files
+        fp = self.backend.fingerprint  # once per call: it may stat weight files or ask the server
+        # after the fingerprint: an endpoint that could not say what it serves turns caching off
+        cache = self.cache if getattr(self.backend, "cacheable", True) else None
         keys = [self._key(fp, *r) for r in flat]
         reads: list[_Read | None] = [None] * len(flat)
         # 2. cache
-        if self.cache is not None:
+        if cache is not None:
             for i, k in enumerate(keys):
-                hit = self.cache.get(k)
+                hit = cache.get(k)
                 if hit is not None:
                     reads[i] = _Read.from_cache(hit)
         # 3. backend for the misses, deduplicated (the same ordered read can occur twice)
@@ -215,10 +235,11 @@ class LLMPairwiseJudge:
         for i, k in enumerate(keys):
             if reads[i] is None:
                 reads[i] = by_key[k]
-        if self.cache is not None:
-            for k, rd in by_key.items():
-                if rd.ok:  # never store failures: a transient error must be retried next time
-                    self.cache.put(k, rd.to_cache())
+        if cache is not None:
+            # Every successful read is stored, also when others in the batch failed (paid API
+            # work is not lost); failures never are: a transient error must be retried next
+            # time. A cache that cannot be written degrades to uncached (warning, no error).
+            cache.put_many([(k, rd.to_cache()) for k, rd in by_key.items() if rd.ok])
         # 4. assemble verdicts
         n_orders = 2 if self.both_orders else 1
         per_read_s = model_s / max(1, len(miss_keys))
@@ -228,11 +249,11 @@ class LLMPairwiseJudge:
             for _ in item:
                 item_reads.append(reads[pos:pos + n_orders])
                 pos += n_orders
-            out.append(self._verdict(item, item_reads, per_read_s))
+            out.append(self._verdict(item, item_reads, per_read_s, fp))
         self.last_seconds = time.perf_counter() - t0
         return out
 
-    def _verdict(self, item, item_reads, per_read_s) -> Judgment:
+    def _verdict(self, item, item_reads, per_read_s, fingerprint: str) -> Judgment:
         per_principle, p_abs, p_bas, ps = [], [], [], []
         all_reads = [r for rs in item_reads for r in rs]
         for orders, rs in zip(item, item_reads):
@@ -259,7 +280,7 @@ class LLMPairwiseJudge:
         principles = [o[0][3] for o in item]
         extra: dict[str, Any] = {
             "backend": self.backend.kind,
-            "model": self.backend.fingerprint,
+            "model": fingerprint,
             "orders_read": sum(r.ok for r in all_reads),
             "orders_failed": sum(not r.ok for r in all_reads),
             "cache_hits": len(all_reads) - misses,

@@ -21,7 +21,7 @@ import re
 import time
 from typing import Any, Sequence
 
-from pofe.judges.base import check_batch
+from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.judges.cache import JudgeCache, cache_key
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered, Template
@@ -46,6 +46,19 @@ def parse_rubric_score(text: str | None, lo: float = 0.0, hi: float = 5.0) -> fl
     return None
 
 
+def _pointwise_caps(backend, *, logprobs: bool) -> frozenset[Capability]:
+    caps = {Capability.POINTWISE}
+    if logprobs:
+        caps.add(Capability.NEEDS_LOGPROBS)
+    if backend.kind == "transformers":
+        caps.add(Capability.SHARES_WEIGHTS)
+    return frozenset(caps)
+
+
+def _backend_identity(backend) -> dict[str, Any]:
+    return backend.identity() if hasattr(backend, "identity") else {"fingerprint": backend.fingerprint}
+
+
 class RubricJudge:
     """Pointwise additive-rubric judge over any backend with ``generate``."""
 
@@ -53,7 +66,7 @@ class RubricJudge:
                  max_new_tokens: int = 256, score_range: Sequence[float] = (0, 5), seed: int = 0,
                  cache: JudgeCache | None = None, judge_id: str | None = None, max_response_chars: int | None = None):
         if template.kind != "rubric":
-            raise ValueError(f"template {template.id!r} is a {template.kind} template; the rubric judge needs a rubric one")
+            raise JudgeConfigError(f"template {template.id!r} is a {template.kind} template; the rubric judge needs a rubric one")
         self.backend, self.template = backend, template
         self.samples, self.temperature, self.top_p = int(samples), float(temperature), float(top_p)
         self.max_new_tokens = int(max_new_tokens)
@@ -62,6 +75,12 @@ class RubricJudge:
         self.cache = cache if getattr(backend, "cacheable", True) else None
         self.max_response_chars = max_response_chars
         self.id = judge_id or f"{backend.kind}:rubric:{template.id}"
+        self.capabilities = _pointwise_caps(backend, logprobs=False)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "rubric", "backend": _backend_identity(self.backend), "template_hash": self.template.hash,
+                "samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens, "score_range": [self.lo, self.hi], "seed": self.seed}
 
     def _key(self, fp: str, prompt: str, response: str) -> str:
         dec = {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
@@ -126,23 +145,28 @@ class ExpectedScoreJudge:
     def __init__(self, backend, template: Template, *, scores: Sequence[str] | None = None,
                  cache: JudgeCache | None = None, judge_id: str | None = None, max_response_chars: int | None = None):
         if template.kind != "expected-score":
-            raise ValueError(f"template {template.id!r} is a {template.kind} template; "
-                             "the expected-score judge needs an expected-score one")
+            raise JudgeConfigError(f"template {template.id!r} is a {template.kind} template; "
+                                   "the expected-score judge needs an expected-score one")
         self.backend, self.template = backend, template
         self.scores = tuple(scores or template.scores or [str(i) for i in range(1, 11)])
         try:
             self.values = [float(s) for s in self.scores]
         except ValueError:
-            raise ValueError(f"expected-score: scores must be numbers, got {list(self.scores)}") from None
+            raise JudgeConfigError(f"expected-score: scores must be numbers, got {list(self.scores)}") from None
         if len(set(self.values)) < 2:
-            raise ValueError("expected-score: need at least two distinct score values")
+            raise JudgeConfigError("expected-score: need at least two distinct score values")
         self.cache = cache if getattr(backend, "cacheable", True) else None
         self.max_response_chars = max_response_chars
         self.id = judge_id or f"{backend.kind}:expected-score:{template.id}"
+        self.capabilities = _pointwise_caps(backend, logprobs=True)
         has_prefix_scores = any(p != s and s.startswith(p) for s in self.scores for p in self.scores)
         if has_prefix_scores and getattr(backend, "api", None) == "chat" and not getattr(backend, "chat_prefill", False):
-            raise ValueError("expected-score with multi-digit scores over the chat API needs judge.endpoint.chat_prefill=true "
+            raise JudgeConfigError("expected-score with multi-digit scores over the chat API needs judge.endpoint.chat_prefill=true "
                              "(the continuation after '1' is read from a prefilled answer) or judge.endpoint.api=completions")
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "expected-score", "backend": _backend_identity(self.backend),
+                "template_hash": self.template.hash, "scores": list(self.scores)}
 
     def _key(self, fp: str, prompt: str, response: str) -> str:
         return cache_key("expected-score/v1", fp, self.template.hash, list(self.scores), prompt, response)

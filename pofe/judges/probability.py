@@ -20,7 +20,10 @@ from typing import Iterable, Sequence
 
 
 def logsumexp(values: Iterable[float]) -> float:
+    """log(sum(exp(v))), skipping None and -inf; NaN in gives NaN out (callers reject it)."""
     vals = [v for v in values if v is not None and v != -math.inf]
+    if any(math.isnan(v) for v in vals):
+        return math.nan
     if not vals:
         return -math.inf
     m = max(vals)
@@ -30,10 +33,13 @@ def logsumexp(values: Iterable[float]) -> float:
 def first_choice_probability(lp_first: float | None, lp_second: float | None) -> float | None:
     """P(first-shown response better), renormalised over the two choices.
 
-    ``None`` when the judge put no readable mass on either choice (never a made-up 0.5).
+    ``None`` when the judge put no readable mass on either choice (never a made-up 0.5),
+    and when either number is NaN or +inf (a broken read, not a probability).
     A choice absent from the judge's output (``-inf``) gets probability 0.
     """
     if lp_first is None or lp_second is None:
+        return None
+    if math.isnan(lp_first) or math.isnan(lp_second) or lp_first == math.inf or lp_second == math.inf:
         return None
     if lp_first == -math.inf and lp_second == -math.inf:
         return None

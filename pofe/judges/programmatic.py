@@ -13,7 +13,7 @@ import math
 import time
 from typing import Callable, Sequence
 
-from pofe.judges.base import check_batch
+from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.records import Judgment, Score
 
 
@@ -29,12 +29,18 @@ def _pref(va: float, vb: float, temperature: float) -> float:
 
 
 class ValueJudge:
-    """Pairwise judge from a scalar value function (higher is better)."""
+    """Pairwise judge from a scalar value function (higher is better); also pointwise
+    (``score`` is the value itself)."""
+
+    capabilities = frozenset({Capability.PAIRWISE, Capability.POINTWISE})
 
     def __init__(self, value: Callable[[str, str, str | None], float], judge_id: str, temperature: float = 0.0):
         self.value = value
         self.id = judge_id
         self.temperature = temperature
+
+    def identity(self) -> dict:
+        return {"kind": "programmatic", "temperature": self.temperature}
 
     def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
         check_batch(prompts, responses_a, responses_b)
@@ -66,7 +72,7 @@ class ValueJudge:
 def length_value(unit: str = "chars", prefer: str = "shorter") -> Callable[[str, str, str | None], float]:
     """Value = -length (prefer shorter) or +length (prefer longer), in chars, words or tokens-ish."""
     if prefer not in ("shorter", "longer"):
-        raise ValueError(f"length judge: prefer must be 'shorter' or 'longer', got {prefer!r}")
+        raise JudgeConfigError(f"length judge: prefer must be 'shorter' or 'longer', got {prefer!r}")
     sign = -1.0 if prefer == "shorter" else 1.0
 
     def value(prompt: str, response: str, reference: str | None = None) -> float:
@@ -84,10 +90,10 @@ def keyword_value(keywords, *, mode: str = "include", case_sensitive: bool = Fal
     """Value = number of ``keywords`` present (``include``) or minus that number
     (``exclude``): an oracle for "mentions X" / "avoids X" preferences."""
     if mode not in ("include", "exclude"):
-        raise ValueError(f"keyword judge: mode must be 'include' or 'exclude', got {mode!r}")
+        raise JudgeConfigError(f"keyword judge: mode must be 'include' or 'exclude', got {mode!r}")
     kws = [k if case_sensitive else k.lower() for k in keywords]
     if not kws:
-        raise ValueError("keyword judge: give at least one keyword (judge.keywords)")
+        raise JudgeConfigError("keyword judge: give at least one keyword (judge.keywords)")
     sign = 1.0 if mode == "include" else -1.0
 
     def value(prompt: str, response: str, reference: str | None = None) -> float:
@@ -126,18 +132,18 @@ def import_callable(spec: str):
     import importlib
 
     if ":" not in spec:
-        raise ValueError(f"callable judge: expected 'module:function', got {spec!r}")
+        raise JudgeConfigError(f"callable judge: expected 'module:function', got {spec!r}")
     mod_name, _, attr = spec.partition(":")
     try:
         obj = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ValueError(f"callable judge: cannot import module {mod_name!r} ({e})") from None
+        raise JudgeConfigError(f"callable judge: cannot import module {mod_name!r} ({e})") from None
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
-            raise ValueError(f"callable judge: {mod_name!r} has no attribute {attr!r}")
+            raise JudgeConfigError(f"callable judge: {mod_name!r} has no attribute {attr!r}")
     if not callable(obj):
-        raise ValueError(f"callable judge: {spec!r} is not callable")
+        raise JudgeConfigError(f"callable judge: {spec!r} is not callable")
     return obj
 
 

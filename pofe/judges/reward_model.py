@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from pofe.judges.base import check_batch
+from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.records import Judgment, Score
 
 
@@ -33,11 +33,13 @@ class RewardModelJudge:
         max_length: truncate rows longer than this many tokens (from the left, keeping the response).
     """
 
+    capabilities = frozenset({Capability.PAIRWISE, Capability.POINTWISE})
+
     def __init__(self, model_name: str | None = None, *, model=None, tokenizer=None, batch_size: int = 16,
                  max_length: int | None = 2048, dtype: str = "float32", trust_remote_code: bool = False):
         if model is None:
             if not model_name:
-                raise ValueError("reward-model judge: set judge.reward_model to a sequence-classification checkpoint")
+                raise JudgeConfigError("reward-model judge: set judge.reward_model to a sequence-classification checkpoint")
             from transformers import AutoModelForSequenceClassification
 
             from pofe.models import load_model
@@ -45,13 +47,16 @@ class RewardModelJudge:
             model, tokenizer = load_model(model_name, dtype=dtype, trust_remote_code=trust_remote_code,
                                           model_class=AutoModelForSequenceClassification)
         if tokenizer is None:
-            raise ValueError("reward-model judge: pass the tokenizer with the model")
+            raise JudgeConfigError("reward-model judge: pass the tokenizer with the model")
         n_out = getattr(model.config, "num_labels", 1)
         if n_out != 1:
-            raise ValueError(f"reward-model judge: expected a model with one output (a scalar reward), got num_labels={n_out}")
+            raise JudgeConfigError(f"reward-model judge: expected a model with one output (a scalar reward), got num_labels={n_out}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.max_length = batch_size, max_length
         self.id = f"reward-model:{model_name or getattr(model.config, '_name_or_path', 'in-memory')}"
+
+    def identity(self) -> dict:
+        return {"kind": "reward-model", "model": self.id}
 
     def _render(self, prompt: str, response: str) -> str:
         if getattr(self.tokenizer, "chat_template", None):

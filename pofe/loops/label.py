@@ -31,7 +31,7 @@ from typing import Any
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
-from pofe.judges.registry import JudgeConfig
+from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.models import DEFAULT_MODEL
 from pofe.records import Judgment, PreferencePair
 from pofe.runs import (
@@ -43,17 +43,6 @@ from pofe.runs import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class LabelJudgeConfig(JudgeConfig):
-    """The judge of ``pofe label``: RL-CAI's multiple-choice constitution template under one
-    sampled principle of the shipped harmless + helpful + honest constitution by default.
-
-    A subclass (not a default instance) so the defaults survive partial overrides such as
-    ``--set judge.cache.path=...``."""
-
-    template: str = "constitution"
-    constitution: str | None = "hhh"
 
 
 class LabelSamplingConfig(SamplingConfig):
@@ -76,7 +65,9 @@ class LabelConfig(PofeConfig):
     """Label existing pairs instead of sampling: a jsonl with prompt, response_a, response_b
     (or prompt, chosen, rejected)."""
     sampling: LabelSamplingConfig = LabelSamplingConfig()
-    judge: LabelJudgeConfig = LabelJudgeConfig()
+    judge: JudgeConfig = LLMJudgeConfig(template="constitution", constitution="hhh")
+    """RL-CAI's multiple-choice constitution template under one sampled principle of the
+    shipped harmless + helpful + honest constitution (any judge kind works)."""
     batch_size: int = 16
     """Pairs per judge call."""
     drop_inconsistent: bool = False

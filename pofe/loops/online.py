@@ -55,7 +55,9 @@ from pofe.config import PofeConfig
 from pofe.data.preferences import load_preferences
 from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
 from pofe.generation import SamplingConfig, generate
-from pofe.judges.registry import JudgeConfig, build_judge
+from pofe.judges.base import Capability, as_pairwise, has_capability
+from pofe.judges.config import JudgeConfig, LLMJudgeConfig
+from pofe.judges.registry import build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
 from pofe.models import apply_chat_template, resolve_model_path
 from pofe.records import Completion, Judgment, Prompt
@@ -140,7 +142,7 @@ class OnlineConfig(PofeConfig):
 
     mode: Literal["online", "iterative", "offline"] = "online"
     model: ModelConfig = ModelConfig()
-    judge: JudgeConfig = JudgeConfig()
+    judge: JudgeConfig = LLMJudgeConfig()
     """The annotator (any judge kind: llm, llamacpp, openai, length, reward-model, ...)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=48, temperature=0.9)
     loss: LossSettings = LossSettings()
@@ -360,10 +362,13 @@ def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Referenc
     with its adapter disabled inside ``reference.model()``), so no third copy is loaded. It
     is pi_0, never the current policy: OAIF's annotator is frozen (self-rewarding is another
     command)."""
-    if jcfg.kind == "llm" and same_model(jcfg.model, cfg.model.name) and jcfg.dtype == cfg.model.dtype:
-        # cache_tag: these weights never change (pi_0), so the judge cache may reuse reads.
-        return build_judge(jcfg, model=reference.module, tokenizer=tokenizer, cache_tag="initial-policy"), reference.model
-    return build_judge(jcfg), contextlib.nullcontext
+    if (has_capability(jcfg, Capability.SHARES_WEIGHTS) and same_model(jcfg.model, cfg.model.name)
+            and jcfg.dtype == cfg.model.dtype):
+        # cache_tag: these weights never change (pi_0), so the judge cache may reuse reads;
+        # the cache fingerprint is a hash of the weights themselves, not the model's name.
+        judge = build_judge(jcfg, model=reference.module, tokenizer=tokenizer, cache_tag="initial-policy")
+        return as_pairwise(judge), reference.model
+    return as_pairwise(build_judge(jcfg)), contextlib.nullcontext
 
 
 def _gather(acc, obj) -> list:
@@ -500,7 +505,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     if require_audit is not None and judge is not None:
         from pofe.evaluation.audit import require_audit as _require_audit
 
-        _require_audit(require_audit, judge_id=judge.id)
+        _require_audit(require_audit, judge=judge)
     if eval_judge is None and cfg.eval.enabled:
         if cfg.eval.judge is None and judge is not None:
             eval_judge, eval_ctx = judge, judge_ctx

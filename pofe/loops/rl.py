@@ -42,11 +42,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
-from pofe.judges.registry import JudgeConfig
+from pofe.judges.base import Capability, require_capability
+from pofe.judges.config import JudgeConfig
 from pofe.records import Completion
 from pofe.runs import (
     JsonlWriter,
@@ -72,7 +73,7 @@ class RewardConfig(PofeConfig):
     max_length: int = 512
     # judge
     judge: JudgeConfig | None = None
-    """judge: a pointwise judge (kind expected-score for direct RLAIF, or any judge with ``score``)."""
+    """judge: a pointwise judge (kind expected-score for direct RLAIF, rubric, reward-model, length, ...)."""
     # programmatic
     function: Literal["length"] = "length"
     prefer: Literal["shorter", "longer"] = "shorter"
@@ -80,6 +81,13 @@ class RewardConfig(PofeConfig):
     scale: float = 1.0
     """Programmatic: reward = ±scale · length / normaliser (max_new_tokens for tokens, 4x that for chars,
     the same for words), so rewards sit in [−scale, 0] or [0, scale]."""
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_is_pointwise(cls, v):
+        if v is not None:  # the reward of one completion is a pointwise score
+            require_capability(v, Capability.POINTWISE, where="reward.judge")
+        return v
 
 
 # Subclasses rather than default instances, so a partial override (``--set optim.lr=1e-4``)

@@ -47,12 +47,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from pydantic import field_validator
+
 from pofe.config import PofeConfig
 from pofe.data.eft import EFTConfig, RankedPrompt, build_eft, load_ranked, split_ranked
 from pofe.data.prompts import DEFAULT_PROMPTS, load_prompts
 from pofe.generation import SamplingConfig, generate
 from pofe.generation.self_instruct import SelfInstructConfig, generate_prompts
-from pofe.judges.registry import JudgeConfig, build_judge
+from pofe.judges.base import Capability, as_pairwise, has_capability, require_capability
+from pofe.judges.base import PointwiseAsPairwise as ScoresAsPairwise  # noqa: F401 (one implementation, old name)
+from pofe.judges.config import JudgeConfig, RubricJudgeConfig
+from pofe.judges.registry import build_judge
 from pofe.records import Judgment
 from pofe.training.tracking import LogConfig
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
@@ -60,8 +65,6 @@ from pofe.training import ModelConfig, OptimConfig, seed_everything
 
 log = logging.getLogger(__name__)
 
-# Judge kinds that run an LLM and can therefore share M_t's weights (the "self" in self-rewarding).
-LLM_JUDGE_KINDS = {"rubric", "expected-score", "llm"}
 
 
 # ============================================================================ config
@@ -167,9 +170,11 @@ class SelfRewardConfig(PofeConfig):
     prompts: PromptSettings = PromptSettings()
     self_instruct: SelfInstructConfig = SelfInstructConfig()
     candidates: CandidateSettings = CandidateSettings()
-    judge: JudgeConfig = JudgeConfig(kind="rubric", template="rubric")
-    """The reward: the additive rubric (paper). Any kind works; a programmatic one (e.g.
-    length) stands in as a judge with a known preference."""
+    judge: JudgeConfig = RubricJudgeConfig()
+    """The reward: the additive rubric (paper). Any pointwise kind works (rubric,
+    expected-score, reward-model, or a programmatic one such as length standing in as a judge
+    with a known preference); a pairwise-only kind (llm, openai, llamacpp) cannot score one
+    candidate on its own and is refused when the config is parsed."""
     judge_model: Literal["self", "fixed"] = "self"
     """self: LLM judges run on M_t (self-rewarding). fixed: ``judge.model`` as configured."""
     dpo: DPOSettings = DPOSettings()
@@ -179,6 +184,14 @@ class SelfRewardConfig(PofeConfig):
     run: RunConfig = RunConfig()
     resume: str | None = None
     """A run folder to continue (finished stages are skipped)."""
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_is_pointwise(cls, v):
+        # Step 3 scores each candidate on its own (Yuan et al. 2024, Sec. 2.2): a pairwise-only
+        # judge has no score to give, so refuse it here, before any model loads.
+        require_capability(v, Capability.POINTWISE, where="judge (self-reward scores each candidate on its own)")
+        return v
 
 
 # ============================================================================ pairs (Step 4)
@@ -222,32 +235,9 @@ def build_pairs(rows: Sequence[dict]) -> tuple[list[dict], dict[str, int]]:
 
 # ============================================================================ judges
 
-class ScoresAsPairwise:
-    """A pairwise view of a pointwise judge: A beats B when its score is higher (ties 0.5).
-    Both "orders" are the same two scores, so the verdict is consistent by construction."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.id = f"pairwise({inner.id})"
-
-    def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
-        sa = self.inner.score(list(prompts), list(responses_a))
-        sb = self.inner.score(list(prompts), list(responses_b))
-        out = []
-        for a, b in zip(sa, sb):
-            p = None if a.score is None or b.score is None else (1.0 if a.score > b.score else 0.0 if a.score < b.score else 0.5)
-            out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=None if p is None else True, parse_ok=p is not None,
-                                judge_id=self.id))
-        return out
-
-
-def as_pairwise(judge):
-    return judge if hasattr(judge, "judge") else ScoresAsPairwise(judge)
-
-
 def make_judge(jcfg: JudgeConfig, *, model=None, tokenizer=None, judge_id: str | None = None):
     """Build a judge; with ``model`` an LLM judge shares those weights (no cache: they change)."""
-    if jcfg.kind in LLM_JUDGE_KINDS and model is not None:
+    if has_capability(jcfg, Capability.SHARES_WEIGHTS) and model is not None:
         return build_judge(jcfg, model=model, tokenizer=tokenizer, cache=None, judge_id=judge_id)
     return build_judge(jcfg)
 
@@ -596,7 +586,7 @@ def evaluate_stage(cfg: SelfRewardConfig, inp: Inputs, model, tok, t: int, it_di
     if resp:
         m["mean_length_chars"] = sum(len(r) for r in resp) / len(resp)
         m["mean_length_tokens"] = sum(len(tok(r, add_special_tokens=False)["input_ids"]) for r in resp) / len(resp)
-    if resp and yardstick is not None and hasattr(yardstick, "score"):
+    if resp and yardstick is not None and has_capability(yardstick, Capability.POINTWISE):
         sc = [s.score for s in yardstick.score(inp.eval_prompts, resp)]
         ok = [s for s in sc if s is not None]
         m["eval_mean_score"] = sum(ok) / len(ok) if ok else None
@@ -606,7 +596,7 @@ def evaluate_stage(cfg: SelfRewardConfig, inp: Inputs, model, tok, t: int, it_di
         m["head_to_head_vs_prev"] = head_to_head(yardstick, inp.eval_prompts, resp, prev_eval)
     if cfg.evaluation.rm_metrics and inp.ranked_eval:
         judge = make_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t}"))
-        if hasattr(judge, "score"):
+        if has_capability(judge, Capability.POINTWISE):
             # the "perfect" score: 5 on the rubric; 1.0 for the [0, 1]-normalised expected score
             hi = {"rubric": float(cfg.judge.rubric.score_range[1]), "expected-score": 1.0}.get(cfg.judge.kind, 5.0)
             m["rm_metrics"] = rm_eval(judge, inp.ranked_eval, max_score=hi)
@@ -615,7 +605,7 @@ def evaluate_stage(cfg: SelfRewardConfig, inp: Inputs, model, tok, t: int, it_di
 
 
 def _judge_runtime(cfg: SelfRewardConfig, model, tok, tag: str) -> dict[str, Any]:
-    if cfg.judge_model == "self" and cfg.judge.kind in LLM_JUDGE_KINDS:
+    if cfg.judge_model == "self" and has_capability(cfg.judge, Capability.SHARES_WEIGHTS):
         return {"model": model, "tokenizer": tok, "judge_id": f"self:{tag}:{cfg.judge.kind}:{cfg.judge.template}"}
     return {}
 
@@ -658,7 +648,8 @@ def run(cfg: SelfRewardConfig) -> dict[str, Any]:
     if cfg.evaluation.judge is not None:
         yardstick = make_judge(cfg.evaluation.judge)
     else:
-        ymodel, ytok = (_load(m1, cfg) if cfg.judge.kind in LLM_JUDGE_KINDS and cfg.judge_model == "self" else (None, None))
+        ymodel, ytok = (_load(m1, cfg) if has_capability(cfg.judge, Capability.SHARES_WEIGHTS)
+                        and cfg.judge_model == "self" else (None, None))
         yardstick = make_judge(cfg.judge, model=ymodel, tokenizer=ytok, judge_id="yardstick:M1")
     metrics_path = it_dir / "metrics.json"
     if metrics_path.exists():

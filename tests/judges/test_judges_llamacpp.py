@@ -18,11 +18,12 @@ B = ["I don't know, maybe Berlin.", "Sad.", "Six legs, like an insect."]
 def test_llamacpp_server_matches_transformers_on_embedded_model(tmp_path):
     import httpx
 
-    from pofe.judges import JudgeConfig, build_judge
+    from pofe.judges import build_judge
+    from pofe.judges.config import LlamaCppJudgeConfig, LLMJudgeConfig
     from pofe.models import load_model
 
     cache = {"path": str(tmp_path / "c.sqlite")}
-    lj = build_judge(JudgeConfig(kind="llamacpp", cache=cache, llamacpp={"n_threads": 1, "n_parallel": 2}))
+    lj = build_judge(LlamaCppJudgeConfig(cache=cache, llamacpp={"n_threads": 1, "n_parallel": 2}))
     try:
         lv = lj.judge(PROMPTS, A, B)
         server = lj.backend.server
@@ -34,7 +35,7 @@ def test_llamacpp_server_matches_transformers_on_embedded_model(tmp_path):
     finally:
         lj.close()
     model, tok = load_model()
-    tv = build_judge(JudgeConfig(kind="llm", cache={"enabled": False}), model=model, tokenizer=tok).judge(PROMPTS, A, B)
+    tv = build_judge(LLMJudgeConfig(cache={"enabled": False}), model=model, tokenizer=tok).judge(PROMPTS, A, B)
     for a, b in zip(lv, tv):
         assert a.parse_ok and b.parse_ok and not a.hard_label_fallback
         assert a.p_ab == pytest.approx(b.p_ab, abs=0.05)

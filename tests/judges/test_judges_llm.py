@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from pofe.judges import JudgeConfig, build_judge
+from pofe.judges import build_judge
+from pofe.judges.config import ExpectedScoreJudgeConfig, LLMJudgeConfig, RubricJudgeConfig
 from pofe.judges.backends import TransformersBackend
 from pofe.judges.templates import Rendered, load_template
 from pofe.models import apply_chat_template
@@ -46,7 +47,7 @@ def test_batched_left_padded_reads_match_single_reads(tiny_model, tokenizer):
 
 
 def test_llm_judge_both_orders_by_hand(tiny_model, tokenizer, tmp_path):
-    cfg = JudgeConfig(kind="llm", model="tiny", cache={"path": str(tmp_path / "c.sqlite")})
+    cfg = LLMJudgeConfig(model="tiny", cache={"path": str(tmp_path / "c.sqlite")})
     j = build_judge(cfg, model=tiny_model, tokenizer=tokenizer, cache_tag="step-0")
     [v] = j.judge(["Name a colour."], ["Blue."], ["Seven."])
     t = load_template("helpful")
@@ -70,7 +71,7 @@ def test_llm_judge_both_orders_by_hand(tiny_model, tokenizer, tmp_path):
 
 
 def test_llm_judge_cot_and_constitution_run_on_tiny_model(tiny_model, tokenizer):
-    cfg = JudgeConfig(kind="llm", template="constitution", cot={"enabled": True, "max_new_tokens": 4, "clamp": [0.4, 0.6]},
+    cfg = LLMJudgeConfig(template="constitution", cot={"enabled": True, "max_new_tokens": 4, "clamp": [0.4, 0.6]},
                       cache={"enabled": False})
     j = build_judge(cfg, model=tiny_model, tokenizer=tokenizer)
     vs = j.judge(["q1", "q2"], ["a1", "a2"], ["b1", "b2"])
@@ -79,7 +80,7 @@ def test_llm_judge_cot_and_constitution_run_on_tiny_model(tiny_model, tokenizer)
 
 
 def test_expected_score_splits_multi_token_ten(tiny_model, tokenizer):
-    cfg = JudgeConfig(kind="expected-score", cache={"enabled": False})
+    cfg = ExpectedScoreJudgeConfig(cache={"enabled": False})
     j = build_judge(cfg, model=tiny_model, tokenizer=tokenizer)
     [s] = j.score(["Say hi."], ["Hi!"])
     dist = s.extra["distribution"]
@@ -99,7 +100,7 @@ def test_expected_score_splits_multi_token_ten(tiny_model, tokenizer):
 
 
 def test_rubric_on_tiny_model_is_unscored_not_invented(tiny_model, tokenizer):
-    cfg = JudgeConfig(kind="rubric", rubric={"samples": 2, "max_new_tokens": 6}, cache={"enabled": False})
+    cfg = RubricJudgeConfig(rubric={"samples": 2, "max_new_tokens": 6}, cache={"enabled": False})
     j = build_judge(cfg, model=tiny_model, tokenizer=tokenizer)
     [s] = j.score(["Say hi."], ["Hi!"])
     assert len(s.samples) == 2 and len(s.raw) == 2
@@ -137,7 +138,7 @@ def test_pofe_judge_twice_second_run_is_all_cache_hits(tiny_model_dir, tmp_path)
 
 def test_shared_training_model_is_judged_in_eval_mode_and_restored(tiny_model, tokenizer):
     tiny_model.train()
-    j = build_judge(JudgeConfig(kind="llm", cache={"enabled": False}), model=tiny_model, tokenizer=tokenizer)
+    j = build_judge(LLMJudgeConfig(cache={"enabled": False}), model=tiny_model, tokenizer=tokenizer)
     v1 = j.judge(["q"], ["a"], ["b"])[0]
     v2 = j.judge(["q"], ["a"], ["b"])[0]
     assert tiny_model.training  # restored

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from pofe.judges import JudgeConfig, build_judge, pairwise_probability, summarize_judgments
+from pofe.judges import build_judge, pairwise_probability, summarize_judgments
+from pofe.judges.config import CallableJudgeConfig, KeywordJudgeConfig, LengthJudgeConfig, ReferenceOverlapJudgeConfig
 from pofe.judges.backends import ChoiceRead, GenOut
 from pofe.judges.cache import JudgeCache, cache_key
 from pofe.judges.llm import LLMPairwiseJudge
@@ -282,26 +283,26 @@ def test_rubric_judge_averages_valid_samples_and_reports_unscored():
 
 # ----------------------------------------------------------------------------- programmatic
 def test_programmatic_judges(tmp_path, monkeypatch):
-    kw = build_judge(JudgeConfig(kind="keyword", keywords=["paris"]))
+    kw = build_judge(KeywordJudgeConfig(keywords=["paris"]))
     [v] = kw.judge(["capital?"], ["It is Paris."], ["It is Lyon."])
     assert v.p == 1.0 and v.consistent
-    ro = build_judge(JudgeConfig(kind="reference-overlap"))
+    ro = build_judge(ReferenceOverlapJudgeConfig())
     a, b = ro.judge(["q", "q"], ["the cat sat on the mat", "x"], ["a dog ran", "y"], references=["the cat sat on a mat", None])
     assert a.p == 1.0
     assert b.p is None and not b.parse_ok  # no reference: no verdict, not 0.5
     # ROUGE-L F1 by hand: LCS("the cat sat on the mat", "the cat sat on a mat") = 5 tokens; P = 5/6, R = 5/6
-    ro_soft = build_judge(JudgeConfig(kind="reference-overlap"))
+    ro_soft = build_judge(ReferenceOverlapJudgeConfig())
     s = ro_soft.score(["q"], ["the cat sat on the mat"], references=["the cat sat on a mat"])[0]
     assert s.score == pytest.approx(5 / 6)
     mod = tmp_path / "myjudge.py"
     mod.write_text("def value(prompt, response, reference=None):\n    return response.count('!')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    cj = build_judge(JudgeConfig(kind="callable", callable="myjudge:value", temperature=1.0))
+    cj = build_judge(CallableJudgeConfig(callable="myjudge:value", temperature=1.0))
     [v] = cj.judge(["q"], ["wow!!"], ["ok!"])
     assert v.p == pytest.approx(1 / (1 + math.exp(-1)))
     with pytest.raises(ValueError, match="module:function"):
-        build_judge(JudgeConfig(kind="callable", callable="nocolon"))
-    ln = build_judge(JudgeConfig(kind="length"))
+        build_judge(CallableJudgeConfig(callable="nocolon"))
+    ln = build_judge(LengthJudgeConfig())
     assert ln.judge(["q"], ["short"], ["much longer"])[0].p == 1.0
 
 

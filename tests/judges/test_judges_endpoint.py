@@ -13,76 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pofe.config import dump_config
-from pofe.judges import JudgeConfig, build_judge, summarize_judgments
+from pofe.judges import build_judge, summarize_judgments
+from pofe.judges.config import ExpectedScoreJudgeConfig, OpenAIJudgeConfig
 from pofe.judges.backends import EndpointError, _free_port
 
-
-def chat_shape(first_lp: dict[str, float], text: str = "1") -> dict:
-    """llama.cpp / OpenAI chat style: logprobs.content[0].top_logprobs = [{token, logprob}]."""
-    top = [{"token": t, "logprob": v, "id": i} for i, (t, v) in enumerate(first_lp.items())]
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": {"content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "id": 0,
-                                                   "top_logprobs": top}]}}],
-            "usage": {"total_tokens": 42}}
-
-
-def legacy_shape(first_lp: dict[str, float], text: str = "1") -> dict:
-    """Legacy completions: logprobs.top_logprobs = [{token: logprob}]."""
-    return {"choices": [{"index": 0, "text": text,
-                         "logprobs": {"tokens": [text], "token_logprobs": [first_lp.get(text, -9.0)],
-                                      "top_logprobs": [first_lp]}}], "usage": {"total_tokens": 40}}
-
-
-class FakeServer:
-    """A scripted OpenAI-compatible server on 127.0.0.1. ``script`` is a list of
-    (status, body) consumed in order; when empty, ``default`` answers."""
-
-    def __init__(self, default=None):
-        self.script: list[tuple[int, object]] = []
-        self.default = default or (200, chat_shape({"1": -0.4, "2": -1.3}))
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.delay = 0.0
-        self.lock = threading.Lock()
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                n = int(self.headers.get("content-length", 0))
-                body = json.loads(self.rfile.read(n))
-                with outer.lock:
-                    outer.requests.append({"path": self.path, **body})
-                    outer.headers.append(dict(self.headers))
-                    status, payload = outer.script.pop(0) if outer.script else outer.default
-                    outer.in_flight += 1
-                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
-                if callable(payload):
-                    payload = payload(body)
-                time.sleep(outer.delay)
-                # Leave the in-flight count before answering: once the reply is written the
-                # client may already send its next request, which must not count as overlap.
-                with outer.lock:
-                    outer.in_flight -= 1
-                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from fake_openai import FakeServer, chat_shape, legacy_shape
 
 
 @pytest.fixture
@@ -94,7 +29,7 @@ def server():
 
 def judge_for(url, **endpoint):
     ep = {"base_url": url, "backoff_s": 0.01, "max_backoff_s": 0.05, "max_retries": 2, "timeout_s": 5.0, **endpoint}
-    return build_judge(JudgeConfig(kind="openai", endpoint=ep, cache={"enabled": False}))
+    return build_judge(OpenAIJudgeConfig(endpoint=ep, cache={"enabled": False}))
 
 
 def test_chat_and_legacy_shapes_give_the_worked_example(server):
@@ -156,14 +91,16 @@ def test_4xx_is_not_retried(server):
 
 
 def test_malformed_json_and_missing_logprobs_are_counted_not_crashed(server):
-    server.script = [(200, "{not json"), (200, "{not json"),  # item 1: both orders malformed
+    # item 1: both orders malformed on every attempt (a 200 that is not JSON is retried:
+    # max_retries=2 -> 3 attempts per order)
+    server.script = [(200, "{not json")] * 6 + [
                      (200, {"choices": [{"message": {"content": "2"}}]}),  # item 2, order AB: no logprobs, text "2"
                      (200, {"choices": [{"message": {"content": "Response 1."}}]}),  # order BA: text names 1
                      (200, {"choices": [{"message": {"content": "both are fine"}}]}),  # item 3: unreadable
                      (200, {"choices": [{"message": {"content": "hmm"}}]})]
     j = judge_for(server.url, concurrency=1)
     v1, v2, v3 = j.judge(["q1", "q2", "q3"], ["a", "a", "a"], ["b", "b", "b"])
-    assert v1.p is None and "malformed JSON" in v1.extra["errors"]
+    assert v1.p is None and v1.extra["errors"] == ["malformed JSON (after 3 attempts)"] * 2
     # hard labels: AB says second (B) -> p_ab = 0; BA says first (B) -> p_ba = 0
     assert v2.p == 0.0 and v2.hard_label_fallback and v2.extra["hard_label_orders"] == 2
     assert v3.p is None and not v3.parse_ok
@@ -176,7 +113,7 @@ def test_api_key_from_env_is_sent_but_never_recorded(server, monkeypatch, tmp_pa
     monkeypatch.setenv("POFE_TEST_KEY", secret)
     caplog.set_level(logging.DEBUG)
     server.script = [(500, "x")]
-    cfg = JudgeConfig(kind="openai", endpoint={"base_url": server.url, "api_key_env": "POFE_TEST_KEY", "backoff_s": 0.01},
+    cfg = OpenAIJudgeConfig(endpoint={"base_url": server.url, "api_key_env": "POFE_TEST_KEY", "backoff_s": 0.01},
                       cache={"path": str(tmp_path / "c.sqlite")})
     j = build_judge(cfg)
     [v] = j.judge(["q"], ["a"], ["b"])
@@ -203,7 +140,7 @@ def test_concurrency_and_rate_limit(server):
 
 
 def test_chat_prefill_and_cache_across_calls(server, tmp_path):
-    cfg = JudgeConfig(kind="openai", endpoint={"base_url": server.url, "api": "chat", "chat_prefill": True},
+    cfg = OpenAIJudgeConfig(endpoint={"base_url": server.url, "api": "chat", "chat_prefill": True},
                       cache={"path": str(tmp_path / "c.sqlite")})
     j = build_judge(cfg)
     j.judge(["q"], ["a"], ["b"])
@@ -227,19 +164,19 @@ def test_cot_and_expected_score_over_completions(server):
 
     server.default = (200, answer)
     ep = {"base_url": server.url, "backoff_s": 0.01}
-    j = build_judge(JudgeConfig(kind="openai", endpoint=ep, cot={"enabled": True, "clamp": [0.4, 0.6]}, cache={"enabled": False}))
+    j = build_judge(OpenAIJudgeConfig(endpoint=ep, cot={"enabled": True, "clamp": [0.4, 0.6]}, cache={"enabled": False}))
     [v] = j.judge(["q"], ["a"], ["b"])
     assert v.raw == (" Reply 1 answers the question.",) * 2 and v.p == pytest.approx(0.5)
     second = [r for r in server.requests if r["max_tokens"] == 1][0]["prompt"]
     assert second.endswith("Comparison: Reply 1 answers the question.\nBetter reply: ")
-    es = build_judge(JudgeConfig(kind="expected-score", backend="openai", endpoint=ep, cache={"enabled": False}))
+    es = build_judge(ExpectedScoreJudgeConfig(backend="openai", endpoint=ep, cache={"enabled": False}))
     [s] = es.score(["q"], ["y"])
     # P(1) = 0.4 * 0.75 = 0.3, P(10) = 0.4 * 0.25 = 0.1, P(7) = 0.6 -> E = 0.3 + 1.0 + 4.2 = 5.5 -> (5.5 - 1) / 9 = 0.5
     assert s.extra["expected"] == pytest.approx(5.5) and s.score == pytest.approx(0.5)
     with pytest.raises(ValueError, match="chat_prefill"):
-        build_judge(JudgeConfig(kind="openai", endpoint={**ep, "api": "chat"}, cot={"enabled": True}))
+        build_judge(OpenAIJudgeConfig(endpoint={**ep, "api": "chat"}, cot={"enabled": True}))
     with pytest.raises(ValueError, match="chat_prefill"):
-        build_judge(JudgeConfig(kind="expected-score", backend="openai", endpoint={**ep, "api": "chat"}))
+        build_judge(ExpectedScoreJudgeConfig(backend="openai", endpoint={**ep, "api": "chat"}))
 
 
 def test_pofe_judge_cli_with_csv_and_programmatic_judge(tmp_path):

@@ -1,0 +1,344 @@
+"""Typed judge configs: one class per judge ``kind``, joined in a discriminated union.
+
+Why a union and not one flat class: each kind takes only its own settings, so
+``judge.kind: lenght`` or ``judge.prefer`` on an ``llm`` judge are errors naming the key
+*when the command's config is parsed*, before any model loads or a run folder exists
+(a flat 30-field class accepted both and failed 19 s later, or never).
+
+This module imports no torch and no HTTP client (the CLI validates configs with it first).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import Field, TypeAdapter, field_validator
+
+from pofe.config import PofeConfig
+from pofe.judges.base import Capability
+
+# The embedded model's name; kept equal to pofe.models.DEFAULT_MODEL (tested), not imported
+# from there because pofe.models imports torch and this module must not.
+DEFAULT_JUDGE_MODEL = "smollm2-135m-instruct"
+
+Dtype = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto"]
+"""Weights dtype of an in-process judge model."""
+
+COT_DEFAULT_CLAMP = (0.4, 0.6)
+"""Bai et al. 2022 (rlaif-constitutional-ai, Stage 2) clamp chain-of-thought labels to
+[0.4, 0.6] *whenever* CoT is used: reasoning pushes probabilities to 0/1, and overconfident
+labels inflate reward-model margins."""
+
+P, PW, SW, LP = Capability.POINTWISE, Capability.PAIRWISE, Capability.SHARES_WEIGHTS, Capability.NEEDS_LOGPROBS
+
+
+# ======================================================================================
+# Sections
+# ======================================================================================
+class CacheConfig(PofeConfig):
+    """Judge cache (SQLite)."""
+
+    enabled: bool = True
+    """Store and reuse judge reads. A live model passed in at run time (its weights may be
+    training) is cached only under a caller-given tag that changes with the weights."""
+    path: str | None = None
+    """SQLite file; default ``$POFE_HOME/judge-cache.sqlite`` (shared by runs)."""
+
+
+class EndpointConfig(PofeConfig):
+    """An OpenAI-compatible HTTP endpoint (kind ``openai``, or ``backend: openai``)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """Base URL up to and including ``/v1``."""
+    model: str = ""
+    """Model name sent with each request (empty: the server's default)."""
+    api: Literal["completions", "chat"] = "completions"
+    """``completions`` sends the rendered prompt (with ``tokenizer``'s chat template when set); ``chat`` sends messages."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (the key itself is never in a config)."""
+    tokenizer: str | None = None
+    """completions API: tokenizer whose chat template renders the prompt (None: plain text)."""
+    chat_prefill: bool = False
+    """chat API: send the answer prefix as a partial assistant message (llama.cpp and vLLM accept this)."""
+    concurrency: int = Field(4, ge=1)
+    """Requests in flight at once."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Per-request timeout."""
+    max_retries: int = Field(3, ge=0)
+    """Retries after the first attempt on connection errors, timeouts, 429, 5xx and unreadable 200 bodies."""
+    backoff_s: float = Field(0.5, ge=0)
+    """Base of the exponential backoff (full jitter: uniform(0, min(max_backoff_s, backoff_s * 2^attempt)))."""
+    max_backoff_s: float = Field(20.0, ge=0)
+    """Cap of one wait, also of a server's ``Retry-After`` (a huge or far-future value waits this long, no more)."""
+    top_logprobs: int = Field(20, ge=1)
+    """How many alternatives to request for the answer position (OpenAI caps chat at 20, legacy completions at 5)."""
+    rate_limit: float | None = Field(None, gt=0)
+    """Maximum requests per second (None: unlimited)."""
+    identify: bool = True
+    """Ask ``GET /v1/models`` once which model (id, revision/fingerprint if reported) serves
+    the URL; that identity is part of every cache key, so a changed model never serves old
+    labels. False: the configured name only (then never share a cache across model swaps)."""
+    extra_body: dict[str, Any] = {}
+    """Extra JSON fields merged into every request body."""
+
+
+class LlamaCppConfig(PofeConfig):
+    """A local llama.cpp server (kind ``llamacpp``, or ``backend: llamacpp``)."""
+
+    gguf: str | None = None
+    """GGUF file; default: the embedded model's GGUF (``judge.model`` must then be an embedded name)."""
+    n_ctx: int = Field(4096, ge=1)
+    """Context per parallel slot."""
+    n_parallel: int = Field(2, ge=1)
+    """Parallel slots (= concurrent requests)."""
+    n_threads: int | None = Field(None, ge=1)
+    """CPU threads (default: half the cores, at most 8)."""
+    tokenizer: str | None = None
+    """With ``gguf`` set: tokenizer (name/dir) whose chat template renders prompts (None: plain text).
+    Without it the embedded model's own tokenizer is used."""
+    top_logprobs: int = Field(20, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+
+
+class CotConfig(PofeConfig):
+    """Chain-of-thought labels (Bai et al. 2022): reason first, then read the choice token."""
+
+    enabled: bool = False
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    clamp: list[float] | None = None
+    """Clamp p to [lo, hi]. Default (None) with CoT on: [0.4, 0.6], as CAI does whenever CoT is
+    used; set another [lo, hi] to override, or [0, 1] to turn clamping off explicitly."""
+
+    @field_validator("clamp")
+    @classmethod
+    def _check_clamp(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) != 2 or not 0.0 <= v[0] <= v[1] <= 1.0):
+            raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi <= 1, got {v}")
+        return v
+
+    def effective_clamp(self) -> tuple[float, float] | None:
+        """The clamp the judge applies: none without CoT, the CAI default unless overridden."""
+        if not self.enabled:
+            return None
+        return tuple(self.clamp) if self.clamp is not None else COT_DEFAULT_CLAMP
+
+
+class RubricConfig(PofeConfig):
+    """Additive 5-point rubric (Self-Rewarding LMs): k samples, parse 'Score: N', average."""
+
+    samples: int = Field(3, ge=1)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1)
+    score_range: list[float] = [0, 5]
+
+
+# ======================================================================================
+# Kinds
+# ======================================================================================
+class _JudgeKind(PofeConfig):
+    """Base of every judge kind: ``capabilities`` says what the built judge can do."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+
+class _InProcessSettings(PofeConfig):
+    """A judge model run in this process (transformers)."""
+
+    model: str = DEFAULT_JUDGE_MODEL
+    """Judge model: embedded name, Hugging Face id or local directory."""
+    revision: str | None = None
+    """Model revision (part of the cache key)."""
+    trust_remote_code: bool = False
+    dtype: Dtype = "float32"
+    device: str | None = None
+    batch_size: int = Field(8, ge=1)
+    """Sequences per forward pass."""
+    max_length: int | None = Field(4096, ge=1)
+    """Maximum judge prompt tokens (longer prompts keep their end)."""
+
+
+class _LLMSettings(_JudgeKind):
+    """Settings of every LLM judge, whatever runs the model."""
+
+    template: str = "helpful"
+    """Template shipped with pofe (helpful, helpful-short, helpful-very-short, summarize, harmless, constitution,
+    rubric, expected-score) or a path to a template file."""
+    max_response_chars: int | None = Field(6000, ge=1)
+    """Cut each response to this many characters before rendering (marked with ' [...]')."""
+    seed: int = 0
+    """Seeds principle sampling and sampled decoding."""
+    cache: CacheConfig = CacheConfig()
+
+
+class _PairwiseLLMSettings(_LLMSettings):
+    choices: list[str] | None = None
+    """Answer tokens to read (default: the template's, e.g. ['1', '2'] or ['A', 'B'])."""
+    both_orders: bool = True
+    """Score (A, B) and (B, A) and average (OAIF Appendix E). False halves the cost and keeps position bias."""
+    require_both_orders: bool = True
+    """With both orders on: p is None unless both orders were read (a single order keeps its position bias)."""
+    cot: CotConfig = CotConfig()
+    constitution: str | None = None
+    """Constitution name (pofe/constitutions/<name>.yaml) or path; used with the 'constitution' template."""
+    principles_per_comparison: int = Field(1, ge=0)
+    """Principles sampled per comparison; > 1 averages an ensemble (0 = all)."""
+
+
+class LLMJudgeConfig(_PairwiseLLMSettings, _InProcessSettings):
+    """``llm``: in-process transformers pairwise judge (token probabilities, both orders in one
+    batch). Can share an already loaded model (``build_judge(cfg, model=, tokenizer=)``)."""
+
+    kind: Literal["llm"] = "llm"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, SW, LP})
+
+
+class LlamaCppJudgeConfig(_PairwiseLLMSettings):
+    """``llamacpp``: an xllamacpp server on 127.0.0.1 serving a GGUF (default: the embedded
+    model's), read through the OpenAI-compatible backend."""
+
+    kind: Literal["llamacpp"] = "llamacpp"
+    model: str = DEFAULT_JUDGE_MODEL
+    """Embedded model whose bundled GGUF is served (ignored when ``llamacpp.gguf`` is set)."""
+    llamacpp: LlamaCppConfig = LlamaCppConfig()
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, LP})
+
+
+class OpenAIJudgeConfig(_PairwiseLLMSettings):
+    """``openai``: any OpenAI-compatible endpoint (completions or chat, with logprobs)."""
+
+    kind: Literal["openai"] = "openai"
+    endpoint: EndpointConfig = EndpointConfig()
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, LP})
+
+
+class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
+    backend: Literal["transformers", "llamacpp", "openai"] = "transformers"
+    """Where the judge model runs."""
+    endpoint: EndpointConfig = EndpointConfig()
+    """backend openai: the endpoint."""
+    llamacpp: LlamaCppConfig = LlamaCppConfig()
+    """backend llamacpp: the server."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
+        base = set(type(self).base_capabilities)
+        if self.backend == "transformers":
+            base.add(SW)
+        return frozenset(base)
+
+
+class RubricJudgeConfig(_PointwiseLLMSettings):
+    """``rubric``: additive 5-point rubric (Self-Rewarding LMs): sampled justifications ending
+    in 'Score: N', averaged."""
+
+    kind: Literal["rubric"] = "rubric"
+    template: str = "rubric"
+    rubric: RubricConfig = RubricConfig()
+    base_capabilities: ClassVar[frozenset[Capability]] = frozenset({P})
+
+
+class ExpectedScoreJudgeConfig(_PointwiseLLMSettings):
+    """``expected-score``: E[score] under the judge's distribution over score tokens (direct
+    RLAIF, Lee et al. 2023), normalised to [0, 1]."""
+
+    kind: Literal["expected-score"] = "expected-score"
+    template: str = "expected-score"
+    scores: list[str] | None = None
+    """Score strings (default: the template's, 1..10)."""
+    base_capabilities: ClassVar[frozenset[Capability]] = frozenset({P, LP})
+
+
+class _ValueSettings(_JudgeKind):
+    temperature: float = Field(0.0, ge=0)
+    """0 = hard 1/0/0.5 labels, > 0 = sigmoid((v_A - v_B) / temperature)."""
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})
+
+
+class LengthJudgeConfig(_ValueSettings):
+    """``length``: prefers the shorter (or longer) response; an oracle with a known preference."""
+
+    kind: Literal["length"] = "length"
+    prefer: Literal["shorter", "longer"] = "shorter"
+    unit: Literal["chars", "words"] = "chars"
+    """How length is counted."""
+
+
+class KeywordJudgeConfig(_ValueSettings):
+    """``keyword``: rewards (include) or penalises (exclude) the presence of words."""
+
+    kind: Literal["keyword"] = "keyword"
+    keywords: list[str] = Field(min_length=1)
+    keyword_mode: Literal["include", "exclude"] = "include"
+
+
+class ReferenceOverlapJudgeConfig(_ValueSettings):
+    """``reference-overlap``: ROUGE-L F1 against the item's reference answer."""
+
+    kind: Literal["reference-overlap"] = "reference-overlap"
+
+
+class CallableJudgeConfig(_ValueSettings):
+    """``callable``: ``module:function`` with ``value(prompt, response, reference) -> float | None``."""
+
+    kind: Literal["callable"] = "callable"
+    callable: str
+    """'module:function' (the only import-string judge kind)."""
+
+    @field_validator("callable")
+    @classmethod
+    def _check_spec(cls, v: str) -> str:
+        mod, sep, fn = v.partition(":")
+        if not (mod and sep and fn):
+            raise ValueError(f"expected 'module:function', got {v!r}")
+        return v
+
+
+class RewardModelJudgeConfig(_JudgeKind):
+    """``reward-model``: a sequence-classification checkpoint with one output;
+    P(A > B) = sigmoid(r_A - r_B) (OAIF Sec. 4.3's RM baseline)."""
+
+    kind: Literal["reward-model"] = "reward-model"
+    reward_model: str
+    """The checkpoint (local directory or hub id)."""
+    trust_remote_code: bool = False
+    dtype: Dtype = "float32"
+    batch_size: int = Field(8, ge=1)
+    max_length: int | None = Field(4096, ge=1)
+    # Not shares-weights: it takes a loaded *classifier*, never the policy's causal LM.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})
+
+
+JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {
+    "llm": LLMJudgeConfig,
+    "llamacpp": LlamaCppJudgeConfig,
+    "openai": OpenAIJudgeConfig,
+    "rubric": RubricJudgeConfig,
+    "expected-score": ExpectedScoreJudgeConfig,
+    "length": LengthJudgeConfig,
+    "keyword": KeywordJudgeConfig,
+    "reference-overlap": ReferenceOverlapJudgeConfig,
+    "callable": CallableJudgeConfig,
+    "reward-model": RewardModelJudgeConfig,
+}
+"""kind -> config class (the plain mapping; the builders are in ``pofe.judges.registry``)."""
+
+AnyJudgeConfig = Union[tuple(JUDGE_CONFIGS.values())]  # type: ignore[valid-type]
+
+JudgeConfig = Annotated[AnyJudgeConfig, Field(discriminator="kind")]
+"""The type of a command's ``judge:`` section: one of the kinds, chosen by ``kind``."""
+
+_ADAPTER: TypeAdapter | None = None
+
+
+def parse_judge_config(data: dict[str, Any] | _JudgeKind) -> _JudgeKind:
+    """A judge config from a dict (``{"kind": "length", "prefer": "longer"}``); raises
+    pydantic's ValidationError naming the key."""
+    global _ADAPTER
+    if isinstance(data, _JudgeKind):
+        return data
+    if _ADAPTER is None:
+        _ADAPTER = TypeAdapter(JudgeConfig)
+    return _ADAPTER.validate_python(data)
+
