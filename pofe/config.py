@@ -133,7 +133,8 @@ def load_config(
         bad = _error_key(e.errors()[0], data)
         origin = source
         for text in overrides:
-            if text.split("=", 1)[0].strip() == bad or bad.startswith(text.split("=", 1)[0].strip() + "."):
+            k = text.split("=", 1)[0].strip()
+            if k == bad or bad.startswith(k + ".") or k.startswith(bad + "."):
                 origin = f"--set {text}"
         raise ConfigError(_format_error(e, origin, data)) from None
 

@@ -137,7 +137,8 @@ class PointwiseAsPairwise:
 
     def __init__(self, inner):
         self.inner = inner
-        self.id = f"pairwise({getattr(inner, 'id', 'pointwise')})"
+        # The inner judge's id: it is the same judge (an audit of it gates training with it).
+        self.id = getattr(inner, "id", "pointwise")
 
     def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
         check_batch(prompts, responses_a, responses_b)
@@ -154,7 +155,7 @@ class PointwiseAsPairwise:
         return out
 
     def identity(self) -> dict[str, Any]:
-        return {"pairwise_of": judge_identity(self.inner)}
+        return judge_identity(self.inner)
 
 
 def as_pairwise(judge):
