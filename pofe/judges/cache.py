@@ -127,7 +127,7 @@ class JudgeCache:
         so the file shrinks; returns the number of entries deleted."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT key, LENGTH(key) + LENGTH(value) FROM judge_cache ORDER BY created DESC, key").fetchall()
+                "SELECT key, LENGTH(key) + LENGTH(value) FROM judge_cache ORDER BY created DESC, rowid DESC").fetchall()
             total, keep_until = 0, len(rows)
             for i, (_, size) in enumerate(rows):
                 if total + size > max_bytes:
@@ -151,7 +151,7 @@ class JudgeCache:
 
     def iter_entries(self) -> Iterator[dict[str, Any]]:
         with self._lock:
-            rows = self._conn.execute("SELECT key, value, created FROM judge_cache ORDER BY created, key").fetchall()
+            rows = self._conn.execute("SELECT key, value, created FROM judge_cache ORDER BY created, rowid").fetchall()
         for k, v, c in rows:
             yield {"key": k, "created": c, "value": json.loads(v)}
 
