@@ -93,7 +93,8 @@ def main() -> None:
         sys.exit(1)
     import torch
 
-    from pofe.judges import JudgeConfig, build_judge
+    from pofe.judges import build_judge
+    from pofe.judges.config import LlamaCppJudgeConfig, LLMJudgeConfig
     from pofe.models import load_model
 
     if args.torch_threads:
@@ -107,11 +108,11 @@ def main() -> None:
     t0 = time.perf_counter()
     model, tok = load_model()
     result["transformers_load_s"] = round(time.perf_counter() - t0, 2)
-    tj = build_judge(JudgeConfig(kind="llm", template=args.template, cache=off), model=model, tokenizer=tok)
+    tj = build_judge(LLMJudgeConfig(template=args.template, cache=off), model=model, tokenizer=tok)
     result["transformers"], tv = throughput(tj, tp_pairs)
 
     lc = {"n_parallel": 2} | ({"n_threads": args.llamacpp_threads} if args.llamacpp_threads else {})
-    lj = build_judge(JudgeConfig(kind="llamacpp", template=args.template, cache=off, llamacpp=lc))
+    lj = build_judge(LlamaCppJudgeConfig(template=args.template, cache=off, llamacpp=lc))
     t0 = time.perf_counter()
     lj.judge(["warm-up"], ["a"], ["b"])
     result["llamacpp_start_s"] = round(time.perf_counter() - t0, 2)

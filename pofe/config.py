@@ -136,6 +136,9 @@ def load_config(
             k = text.split("=", 1)[0].strip()
             if k == bad or bad.startswith(k + ".") or k.startswith(bad + "."):
                 origin = f"--set {text}"
+        for k in extra or {}:
+            if k == bad or bad.startswith(k + ".") or k.startswith(bad + "."):
+                origin = f"option {k}"
         raise ConfigError(_format_error(e, origin, data)) from None
 
 

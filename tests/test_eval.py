@@ -159,7 +159,7 @@ def test_cli_eval_json(tmp_path):
     txt = runner.invoke(app, ["eval", a, b, "--judge", "length"]).stdout
     assert "tie-adjusted 0.000" in txt
     bad = runner.invoke(app, ["eval", a, b, "--judge", "no-such-judge"])
-    assert bad.exit_code == 2 and "unknown judge kind" in bad.stderr
+    assert bad.exit_code == 2 and "'judge.kind': unknown kind 'no-such-judge'" in bad.stderr
 
 
 @pytest.mark.slow

@@ -146,7 +146,8 @@ def test_cli_commands_config_handling_and_a_label_run(tmp_path):
 @pytest.mark.slow
 def test_embedded_model_labels_two_pairs(tmp_path):
     """The embedded SmolLM2 as constitution judge: real soft labels with full provenance."""
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 2)), judge={"cache": {"enabled": False}, "max_response_chars": 400},
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 2)), judge={"kind": "llm", "template": "constitution", "constitution": "hhh",
+                                                                 "cache": {"enabled": False}, "max_response_chars": 400},
                       run={"output_dir": str(tmp_path), "name": "emb"})
     s = run(cfg)
     rows = [json.loads(x) for x in open(s["files"]["labels"])]
