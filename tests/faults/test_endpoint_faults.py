@@ -113,13 +113,24 @@ def test_hang_times_out_and_is_a_clear_error(server):
 
 # ----------------------------------------------------------------------------- bodies
 def test_garbage_bodies_are_retried_then_counted_unreadable(server):
-    server.default = (200, "<html>502 Bad Gateway</html>")
+    # item 1: both orders garbage on every attempt; item 2 fine -> item 1 counted, item 2 labelled
+    server.script = [(200, "<html>502 Bad Gateway</html>")] * 6
     j = judge_for(server.url)
-    [v] = j.judge(["q"], ["a"], ["b"])
+    v, w = j.judge(["q", "q2"], ["a", "a"], ["b", "b"])
     assert v.p is None and not v.parse_ok and v.p_ab is None and v.p_ba is None
     assert v.extra["errors"] == ["malformed JSON (after 3 attempts)"] * 2
-    assert len(posts(server)) == 6  # bounded: 3 attempts per order
-    assert summarize_judgments([v])["parse_failures"] == 1
+    assert w.parse_ok and w.p_ab == pytest.approx(sig(0.9))
+    assert len(posts(server)) == 8  # bounded: 3 attempts per garbage order, 1 per good one
+    assert summarize_judgments([v, w])["parse_failures"] == 1
+
+
+def test_a_server_answering_only_garbage_is_a_clear_error(server):
+    server.default = (200, "<html>502 Bad Gateway</html>")
+    j = judge_for(server.url)
+    with pytest.raises(EndpointError, match=r"answered all 2 requests of a batch unreadably \(malformed JSON "
+                                            r"\(after 3 attempts\)\)"):
+        j.judge(["q"], ["a"], ["b"])
+    assert len(posts(server)) == 6
 
 
 def test_garbage_once_then_good_recovers(server):
@@ -130,10 +141,14 @@ def test_garbage_once_then_good_recovers(server):
 
 
 def test_missing_choices_are_counted_unreadable(server):
-    server.default = (200, {"id": "x", "choices": []})
+    server.script = [(200, {"id": "x", "choices": []})] * 3
     j = judge_for(server.url)
     [v] = j.judge(["q"], ["a"], ["b"])
-    assert v.p is None and v.extra["errors"] == ["no choices in response (after 3 attempts)"] * 2
+    assert v.p is None and v.extra["errors"] == ["no choices in response (after 3 attempts)"]
+    assert v.p_ba == pytest.approx(1 - sig(0.9))  # the other order was read
+    server.default = (200, {"id": "x"})
+    with pytest.raises(EndpointError, match=r"unreadably \(no choices in response"):
+        j.judge(["q2"], ["a"], ["b"])
 
 
 def test_no_logprobs_falls_back_to_a_flagged_text_label_or_unreadable(server):

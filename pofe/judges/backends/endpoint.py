@@ -264,7 +264,16 @@ class EndpointBackend:
 
         out = self._map(one, list(requests))
         self.stats.add(tokens=sum(r.tokens for r in out))
+        self._refuse_all_garbage([r.error for r in out])
         return out
+
+    def _refuse_all_garbage(self, errors: list[str | None]) -> None:
+        """A server that answered *every* request of a batch with garbage (after retries) is
+        broken, not a judge with opinions: one clear error instead of a run that labels
+        nothing. Some garbage among good answers is counted per read instead."""
+        if errors and all(e is not None and e.startswith(self._TRANSIENT) for e in errors):
+            raise EndpointError(f"judge endpoint {self.base_url} answered all {len(errors)} requests of a batch "
+                                f"unreadably ({errors[0]}); is it an OpenAI-compatible server?")
 
     # Answers a proxy or an overloaded server can give once and not the next time: retried.
     _TRANSIENT = ("malformed JSON", "no choices in response", "no text in response")
@@ -296,6 +305,7 @@ class EndpointBackend:
 
         res = self._map(one, jobs)
         self.stats.add(tokens=sum(g.tokens for g in res))
+        self._refuse_all_garbage([g.error for g in res])
         out: list[list[GenOut]] = [[] for _ in requests]
         for (i, _), g in zip(jobs, res):
             out[i].append(g)
