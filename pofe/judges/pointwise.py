@@ -91,13 +91,14 @@ class RubricJudge:
               references: Sequence[str | None] | None = None) -> list[Score]:
         check_batch(prompts, responses)
         fp = self.backend.fingerprint
+        cache = self.cache if getattr(self.backend, "cacheable", True) else None  # after fp: it may turn caching off
         keys = [self._key(fp, x, y) for x, y in zip(prompts, responses)]
         texts: list[list[str | None] | None] = [None] * len(keys)
         tokens = [0] * len(keys)
         cached = [False] * len(keys)
-        if self.cache is not None:
+        if cache is not None:
             for i, k in enumerate(keys):
-                hit = self.cache.get(k)
+                hit = cache.get(k)
                 if hit is not None:
                     texts[i], cached[i] = hit["texts"], True
         todo = [i for i, t in enumerate(texts) if t is None]
@@ -112,8 +113,8 @@ class RubricJudge:
             for i, g in zip(todo, gens):
                 texts[i] = [o.text for o in g]
                 tokens[i] = sum(o.tokens for o in g)
-                if self.cache is not None and all(o.text is not None for o in g):
-                    self.cache.put(keys[i], {"texts": texts[i]})
+                if cache is not None and all(o.text is not None for o in g):
+                    cache.put(keys[i], {"texts": texts[i]})
         per_item_s = (time.perf_counter() - t0) / max(1, len(todo))
         out = []
         for i, ts in enumerate(texts):
@@ -210,12 +211,13 @@ class ExpectedScoreJudge:
               references: Sequence[str | None] | None = None) -> list[Score]:
         check_batch(prompts, responses)
         fp = self.backend.fingerprint
+        cache = self.cache if getattr(self.backend, "cacheable", True) else None  # after fp: it may turn caching off
         keys = [self._key(fp, x, y) for x, y in zip(prompts, responses)]
         dists: list[Any] = [None] * len(keys)
         cached = [False] * len(keys)
-        if self.cache is not None:
+        if cache is not None:
             for i, k in enumerate(keys):
-                hit = self.cache.get(k)
+                hit = cache.get(k)
                 if hit is not None:
                     dists[i] = ({s: (-math.inf if v == "-inf" else v) for s, v in hit["lp"].items()}, 0, None)
                     cached[i] = True
@@ -228,8 +230,8 @@ class ExpectedScoreJudge:
                                          special_strings=self.backend.special_strings) for i in todo]
             for i, d in zip(todo, self._distribution(reqs)):
                 dists[i] = d
-                if self.cache is not None and d[0] is not None and any(v != -math.inf for v in d[0].values()):
-                    self.cache.put(keys[i], {"lp": {s: ("-inf" if v == -math.inf else v) for s, v in d[0].items()}})
+                if cache is not None and d[0] is not None and any(v != -math.inf for v in d[0].values()):
+                    cache.put(keys[i], {"lp": {s: ("-inf" if v == -math.inf else v) for s, v in d[0].items()}})
         per_item_s = (time.perf_counter() - t0) / max(1, len(todo))
         lo, hi = min(self.values), max(self.values)
         out = []
