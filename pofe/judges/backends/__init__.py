@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pofe.judges.backends.endpoint import EndpointBackend, parse_choice_response, parse_retry_after
 from pofe.judges.backends.llamacpp import LlamaCppBackend, LlamaCppServer, _free_port
-from pofe.judges.backends.transformers import TransformersBackend, weights_hash
+from pofe.judges.backends.transformers import TransformersBackend, _weights_identity, weights_hash
 from pofe.judges.base import BackendStats, ChoiceRead, EndpointError, GenOut, JudgeBackend, choice_variants
 
 BACKENDS: dict[str, type] = {
@@ -24,4 +24,4 @@ BACKENDS: dict[str, type] = {
 
 __all__ = ["BACKENDS", "BackendStats", "ChoiceRead", "EndpointBackend", "EndpointError", "GenOut", "JudgeBackend",
            "LlamaCppBackend", "LlamaCppServer", "TransformersBackend", "choice_variants", "parse_choice_response",
-           "parse_retry_after", "weights_hash", "_free_port"]
+           "parse_retry_after", "weights_hash", "_free_port", "_weights_identity"]
