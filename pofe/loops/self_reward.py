@@ -58,7 +58,6 @@ from pofe.judges.base import Capability, as_pairwise, has_capability, require_ca
 from pofe.judges.base import PointwiseAsPairwise as ScoresAsPairwise  # noqa: F401 (one implementation, old name)
 from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.judges.registry import build_judge
-from pofe.records import Judgment
 from pofe.training.tracking import LogConfig
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
 from pofe.training import ModelConfig, OptimConfig, seed_everything

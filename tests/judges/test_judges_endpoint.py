@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
