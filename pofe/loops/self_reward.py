@@ -597,7 +597,8 @@ def evaluate_stage(cfg: SelfRewardConfig, inp: Inputs, model, tok, t: int, it_di
         judge = make_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t}"))
         if has_capability(judge, Capability.POINTWISE):
             # the "perfect" score: 5 on the rubric; 1.0 for the [0, 1]-normalised expected score
-            hi = {"rubric": float(cfg.judge.rubric.score_range[1]), "expected-score": 1.0}.get(cfg.judge.kind, 5.0)
+            rubric = getattr(cfg.judge, "rubric", None)  # only the rubric kind has a score range
+            hi = float(rubric.score_range[1]) if rubric is not None else {"expected-score": 1.0}.get(cfg.judge.kind, 5.0)
             m["rm_metrics"] = rm_eval(judge, inp.ranked_eval, max_score=hi)
             m["rm_judge"] = getattr(judge, "id", None)
     return m, resp
