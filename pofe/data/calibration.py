@@ -39,6 +39,7 @@ import numpy as np
 
 from pofe.data.io import DataError, read_located
 from pofe.data.preferences import to_pair
+from pofe.data.prompts import to_prompt
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,10 @@ def _item(row: dict[str, Any], where: str, fmt: str, source: str, idx: int,
           rng: np.random.Generator) -> CalibrationItem | str:
     """One row as an item, or a skip reason."""
     if fmt == "pofe":
-        for k in ("prompt", "response_a", "response_b"):
+        for k in ("response_a", "response_b"):
             if not isinstance(row.get(k), str):
                 raise DataError(f"{where}: {k!r} must be a string")
-        return CalibrationItem(row["prompt"], row["response_a"], row["response_b"],
+        return CalibrationItem(to_prompt(row, where, "prompt").text, row["response_a"], row["response_b"],
                                _label(row["label"], where), source, str(row.get("id") or f"{source}:{idx}"))
     if fmt == "llmbar":
         return CalibrationItem(row["input"], row["output_1"], row["output_2"], _label(row["label"], where),
