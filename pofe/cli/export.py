@@ -8,7 +8,15 @@ from typing import Literal, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    resolve_config,
+)
 from pofe.config import PofeConfig
 
 

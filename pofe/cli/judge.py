@@ -64,35 +64,25 @@ def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
     from pofe.data.io import DataError, read_located
     from pofe.data.prompts import to_prompt
 
-    located = read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows)
-    out = []
-    for where, r in located:
-        try:
-            a_field = cfg.a_field if (cfg.a_field in r or not pointwise) else "response"
-            need = [a_field] + ([] if pointwise else [cfg.b_field])
-            missing = [k for k in [cfg.prompt_field, *need] if k not in r]
-            if missing:
-                raise DataError(f"{where}: missing field(s) {missing} (fields: {sorted(r)}); "
-                                "set --set prompt_field=... / a_field=... / b_field=...")
-            for k in need:
-                if not isinstance(r[k], str):
-                    raise DataError(f"{where}: {k!r} must be a string, got {type(r[k]).__name__}")
-            row = {"prompt": to_prompt(r, where, cfg.prompt_field).text, "response_a": r[a_field],
-                   "reference": r.get(cfg.reference_field) if isinstance(r.get(cfg.reference_field), str) else None}
-            if not pointwise:
-                row["response_b"] = r[cfg.b_field]
-            if "id" in r:
-                row["id"] = r["id"]
-        except DataError as e:
-            if not cfg.skip_bad_rows:
-                raise
-            located.bad.append(str(e))
-            continue
-        out.append(row)
-        if cfg.limit is not None and len(out) >= cfg.limit:
-            break
-    located.report()
-    return out
+    def to_row(r: dict[str, Any], where: str) -> dict[str, Any]:
+        a_field = cfg.a_field if (cfg.a_field in r or not pointwise) else "response"
+        need = [a_field] + ([] if pointwise else [cfg.b_field])
+        missing = [k for k in [cfg.prompt_field, *need] if k not in r]
+        if missing:
+            raise DataError(f"{where}: missing field(s) {missing} (fields: {sorted(r)}); "
+                            "set --set prompt_field=... / a_field=... / b_field=...")
+        for k in need:
+            if not isinstance(r[k], str):
+                raise DataError(f"{where}: {k!r} must be a string, got {type(r[k]).__name__}")
+        row = {"prompt": to_prompt(r, where, cfg.prompt_field).text, "response_a": r[a_field],
+               "reference": r.get(cfg.reference_field) if isinstance(r.get(cfg.reference_field), str) else None}
+        if not pointwise:
+            row["response_b"] = r[cfg.b_field]
+        if "id" in r:
+            row["id"] = r["id"]
+        return row
+
+    return read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows).map(to_row, limit=cfg.limit)
 
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:

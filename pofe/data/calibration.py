@@ -166,23 +166,8 @@ def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: i
     # never changes which items another file contributes.
     rng = np.random.default_rng([seed, sum(path.name.encode())])
     source = source_name(path)
-    items: list[CalibrationItem] = []
-    skipped: dict[str, int] = {}
-    for idx, (where, row) in enumerate(rows):
-        try:
-            it = _item(row, where, detect_format(row), source, idx, rng)
-        except DataError as e:
-            if not skip_bad_rows:
-                raise
-            rows.bad.append(str(e))
-            continue
-        if isinstance(it, str):
-            skipped[it] = skipped.get(it, 0) + 1
-        else:
-            items.append(it)
-    rows.report()
-    if skipped:
-        log.info("%s: skipped %s of %d pairs", path, skipped, len(rows))
+    index = {where: i for i, (where, _) in enumerate(rows)}
+    items = rows.map(lambda row, where: _item(row, where, detect_format(row), source, index[where], rng))
     if limit is not None and limit < len(items):
         pick = np.sort(rng.choice(len(items), size=limit, replace=False))
         items = [items[i] for i in pick]

@@ -70,19 +70,11 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
 
 def load_ranked(source: str | Path, *, limit: int | None = None) -> tuple[list[RankedPrompt], dict[str, int]]:
     """Ranked prompts and the count of skipped rows per reason."""
-    out: list[RankedPrompt] = []
-    skipped: dict[str, int] = {}
-    for where, row in read_located(source):
-        r = _ranked_from_row(row, where)
-        if isinstance(r, str):
-            skipped[r] = skipped.get(r, 0) + 1
-            continue
-        out.append(r)
-        if limit and len(out) >= limit:
-            break
+    rows = read_located(source)
+    out = rows.map(_ranked_from_row, limit=limit)
     if not out:
-        raise DataError(f"{source}: no usable ranked prompts (skipped: {skipped or 'none'})")
-    return out, skipped
+        raise DataError(f"{source}: no usable ranked prompts (skipped: {rows.skipped or 'none'})")
+    return out, dict(rows.skipped)
 
 
 def split_ranked(groups: Sequence[RankedPrompt], eval_fraction: float, *, seed: int = 0,

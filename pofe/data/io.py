@@ -50,6 +50,8 @@ class Rows:
     source: str
     items: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)
+    skip_bad_rows: bool = False
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count, from map()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -60,6 +62,31 @@ class Rows:
     def report(self) -> None:
         if self.bad:
             log.warning("%s: skipped %d bad row(s) (first: %s)", self.source, len(self.bad), self.bad[0])
+        if self.skipped:
+            log.info("%s: skipped rows carrying nothing to use: %s", self.source, self.skipped)
+
+    def map(self, fn: Callable[[dict[str, Any], str], Any], *, limit: int | None = None) -> list[Any]:
+        """``fn(row, where)`` over the rows, first ``limit`` results. ``fn`` returns a record,
+        or a short string naming why the row carries nothing to use (counted in
+        :attr:`skipped`); a :class:`DataError` it raises stops here unless ``skip_bad_rows``
+        (then counted in :attr:`bad`). Reports what was skipped."""
+        out: list[Any] = []
+        for where, row in self.items:
+            if limit is not None and len(out) >= limit:
+                break
+            try:
+                got = fn(row, where)
+            except DataError as e:
+                if not self.skip_bad_rows:
+                    raise
+                self.bad.append(str(e))
+                continue
+            if isinstance(got, str):
+                self.skipped[got] = self.skipped.get(got, 0) + 1
+                continue
+            out.append(got)
+        self.report()
+        return out
 
 
 def shared_data_dir() -> Path:
@@ -294,7 +321,7 @@ def read_located(source: str | Path, *, split: str | None = None, skip_bad_rows:
         an unknown adapter, an uncached Hub id).
     """
     source = str(source)
-    rows = Rows(source)
+    rows = Rows(source, skip_bad_rows=skip_bad_rows)
     path = Path(source)
     if path.is_file():
         _read_file(path, rows, skip_bad_rows)

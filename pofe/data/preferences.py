@@ -24,7 +24,6 @@ Pairs whose two responses are identical carry no preference: skipped and counted
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +32,6 @@ from typing import Any
 from pofe.data.chat import check_messages, hh_messages, is_hh_transcript, transcript
 from pofe.data.io import DataError, read_located
 from pofe.records import PreferencePair
-
-log = logging.getLogger(__name__)
 
 _PROVENANCE = ("judge_id", "template_hash", "template_id", "principle_id", "constitution_version", "step", "pair_id")
 
@@ -156,23 +153,8 @@ def load_preferences(source: str | Path, *, split: str | None = None, limit: int
         DataError: naming the file and line (or row) and the missing or bad field.
     """
     rows = read_located(source, split=split, skip_bad_rows=skip_bad_rows)
-    pairs: list[PreferencePair] = []
-    skipped: dict[str, int] = {}
-    for where, row in rows:
-        try:
-            out = to_pair(row, where)
-        except DataError as e:
-            if not skip_bad_rows:
-                raise
-            rows.bad.append(str(e))
-            continue
-        if isinstance(out, str):
-            skipped[out] = skipped.get(out, 0) + 1
-            continue
-        pairs.append(out)
-        if limit and len(pairs) >= limit:
-            break
-    rows.report()
+    pairs = rows.map(to_pair, limit=limit)
+    skipped = dict(rows.skipped)
     if rows.bad:
         skipped["bad-row"] = len(rows.bad)
     if not pairs:
@@ -191,28 +173,15 @@ def load_unlabelled_pairs(source: str | Path, *, skip_bad_rows: bool = False) ->
     preference row :func:`to_pair` reads (chosen as A). A chat prompt is its transcript."""
     from pofe.data.prompts import to_prompt
 
+    def triple(row: dict[str, Any], where: str) -> tuple[str, str, str] | str:
+        if "response_a" in row and "response_b" in row:
+            return (to_prompt(row, where, "prompt").text, _text_field(row, "response_a", where),
+                    _text_field(row, "response_b", where))
+        pair = to_pair(row, where)
+        return pair if isinstance(pair, str) else (pair.prompt, pair.chosen, pair.rejected)
+
     rows = read_located(source, skip_bad_rows=skip_bad_rows)
-    out: list[tuple[str, str, str]] = []
-    skipped: dict[str, int] = {}
-    for where, row in rows:
-        try:
-            if "response_a" in row and "response_b" in row:
-                out.append((to_prompt(row, where, "prompt").text, _text_field(row, "response_a", where),
-                            _text_field(row, "response_b", where)))
-                continue
-            pair = to_pair(row, where)
-        except DataError as e:
-            if not skip_bad_rows:
-                raise
-            rows.bad.append(str(e))
-            continue
-        if isinstance(pair, str):
-            skipped[pair] = skipped.get(pair, 0) + 1
-        else:
-            out.append((pair.prompt, pair.chosen, pair.rejected))
-    rows.report()
-    if skipped:
-        log.info("%s: skipped %s", source, skipped)
+    out = rows.map(triple)
     if not out:
-        raise DataError(f"{source}: no pairs to label (skipped: {skipped or 'none'})")
+        raise DataError(f"{source}: no pairs to label (skipped: {rows.skipped or 'none'})")
     return out

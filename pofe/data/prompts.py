@@ -203,17 +203,7 @@ def load_prompts(source: str | Path | None, *, field: str | None = None, split: 
         prompts = default_prompts()
     else:
         rows = read_located(source, split=split, skip_bad_rows=skip_bad_rows)
-        prompts = []
-        for where, row in rows:
-            try:
-                prompts.append(to_prompt(row, where, field))
-            except DataError as e:
-                if not skip_bad_rows:
-                    raise
-                rows.bad.append(str(e))
-            if limit and len(prompts) >= limit:
-                break
-        rows.report()
+        prompts = rows.map(lambda row, where: to_prompt(row, where, field), limit=limit)
         if not prompts:
             raise DataError(f"{source}: no prompts")
     return prompts[:limit] if limit else prompts

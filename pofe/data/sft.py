@@ -77,16 +77,5 @@ def load_examples(paths: Sequence[str | Path] | str | Path, source: str = "ift",
     out: list[SFTExample] = []
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         rows = read_located(path, skip_bad_rows=skip_bad_rows)
-        got: list[SFTExample] = []
-        for where, row in rows:
-            try:
-                got.append(to_example(row, where, source))
-            except DataError as e:
-                if not skip_bad_rows:
-                    raise
-                rows.bad.append(str(e))
-            if limit and len(got) >= limit:
-                break
-        rows.report()
-        out.extend(got)
+        out.extend(rows.map(lambda row, where: to_example(row, where, source), limit=limit))
     return out

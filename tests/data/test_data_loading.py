@@ -8,7 +8,13 @@ import json
 import pytest
 
 from pofe.data.preferences import load_preferences
-from pofe.data.prompts import DEFAULT_PROMPTS, DataError, PromptCursor, load_prompts, split_heldout
+from pofe.data.prompts import (
+    DEFAULT_PROMPTS,
+    DataError,
+    PromptCursor,
+    load_prompts,
+    split_heldout,
+)
 
 
 def _write_jsonl(path, rows):
