@@ -322,7 +322,7 @@ def read_located(source: str | Path, *, split: str | None = None, skip_bad_rows:
     """
     source = str(source)
     rows = Rows(source, skip_bad_rows=skip_bad_rows)
-    path = Path(source)
+    path = Path(source).expanduser()
     if path.is_file():
         _read_file(path, rows, skip_bad_rows)
     elif path.is_dir():

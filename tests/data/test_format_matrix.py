@@ -66,6 +66,8 @@ def _prompt_formats():
         "csv": (lambda t: _write(t / "p.csv", "prompt,category\nName a fruit.,food\nSay hi.,chat\n"), plain),
         "parquet": (lambda t: _parquet(t / "p.parquet", [{"prompt": "Name a fruit."}, {"prompt": "Say hi."}]), plain),
         "save_to_disk": (lambda t: _saved(t / "ds", [{"prompt": "Name a fruit."}, {"prompt": "Say hi."}]), plain),
+        "arrow": (lambda t: next(_saved(t / "ds", [{"prompt": "Name a fruit."}, {"prompt": "Say hi."}]).glob("*.arrow")),
+                  plain),
         "trl-conversational": (lambda t: _jsonl(t / "c.jsonl", [{"prompt": CONV}]), conv),
         "messages": (lambda t: _jsonl(t / "m.jsonl", [{"messages": CONV + [{"role": "assistant", "content": "Pear."}]}]), conv),
         "hh-rlhf": (lambda t: _jsonl(t / "hh.jsonl", [{"chosen": HH_HEAD + "\n\nAssistant: Pear.",
