@@ -22,6 +22,7 @@ that is :func:`pofe.runs.read_jsonl`, which is never used for inputs.)
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -294,21 +295,62 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+@contextlib.contextmanager
+def _hub_offline():
+    """Make ``datasets`` / ``huggingface_hub`` use the local cache only, for this call."""
+    import datasets
+    import huggingface_hub.constants as hc
+
+    old = datasets.config.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE = old
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One short connection attempt, so an unreachable Hub is a quick error rather than
+    ``huggingface_hub``'s ~30 s of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    import huggingface_hub.constants as hc
+
+    url = urlparse(hc.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _read_hub(source: str, rows: Rows, split: str | None) -> None:
-    """``name[:config]:split`` through ``datasets.load_dataset``."""
+    """``name[:config]:split`` through ``datasets.load_dataset``: the local cache first; the
+    Hub only when not offline (``HF_HUB_OFFLINE``) and reachable."""
     parts = source.split(":")
     if len(parts) > 3:
         raise DataError(f"{source}: a Hub id is name[:config]:split")
     name, config, sp = parts[0], (parts[1] if len(parts) == 3 else None), (parts[-1] if len(parts) > 1 else split)
     import datasets
 
-    try:
-        ds = datasets.load_dataset(name, config, split=sp or "train")
-    except Exception as e:  # connection, missing config/split, ...: one line, no retries shown
-        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if _offline() else ""
+    def fail(e: Exception, why: str) -> DataError:
         first = str(e).splitlines()[0] if str(e) else ""
-        raise DataError(f"{source}: not a local file or folder, a named source ({adapter_names()}), nor a loadable "
-                        f"datasets id{hint}: {type(e).__name__}: {first}") from None
+        return DataError(f"{source}: not a local file or folder, a named source ({adapter_names()}), nor a loadable "
+                         f"datasets id ({why}): {type(e).__name__}: {first}")
+
+    try:
+        with _hub_offline():
+            ds = datasets.load_dataset(name, config, split=sp or "train")
+    except Exception as e:  # not cached (or a bad config/split): maybe the Hub has it
+        if _offline():
+            raise fail(e, "HF_HUB_OFFLINE is set and it is not in the local cache") from None
+        if not _hub_reachable():
+            raise fail(e, "not in the local cache and the Hub is unreachable") from None
+        try:
+            ds = datasets.load_dataset(name, config, split=sp or "train")
+        except Exception as e2:  # connection, missing config/split, ...: one line
+            raise fail(e2, "the Hub refused it") from None
     for i, rec in enumerate(ds):
         rows.items.append((f"{source} row {i}", dict(rec)))
 

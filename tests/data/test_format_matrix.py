@@ -445,3 +445,31 @@ def test_uncached_hub_id_fails_in_one_line_when_offline(monkeypatch):
     with pytest.raises(DataError, match=r"nobody/nothing:train: .*HF_HUB_OFFLINE is set") as e:
         read_rows("nobody/nothing:train")
     assert "\n" not in str(e.value)
+
+
+def test_uncached_hub_id_with_unreachable_hub_is_one_line_not_retries(monkeypatch):
+    import pofe.data.io as dio
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(dio, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(DataError, match=r"nobody/nothing:cfg:test: .*not in the local cache and the Hub is unreachable"):
+        read_rows("nobody/nothing:cfg:test")
+    with pytest.raises(DataError, match="a Hub id is name\\[:config\\]:split"):
+        read_rows("a/b:c:d:e")
+
+
+def test_online_offline_trains_on_the_whole_conversation(tmp_path, tokenizer):
+    """mode=offline tokenises a conversational pair's prompt from its messages (system message
+    and earlier turns through the chat template), not from a flattened string."""
+    from pofe.loops.online import tokenize_pair
+    from pofe.models import apply_chat_template
+
+    from pofe.data.preferences import load_pairs
+
+    make, _ = _pair_formats()["conversational-explicit"]
+    [q] = load_pairs(make(tmp_path))
+    tp = tokenize_pair(tokenizer, q, tokenizer.eos_token_id, {}, "soft")
+    want = tokenizer(apply_chat_template(tokenizer, CONV), add_special_tokens=False)["input_ids"]
+    assert list(tp.prompt_ids) == want
+    assert "Answer in one word." in tokenizer.decode(tp.prompt_ids)
