@@ -473,3 +473,22 @@ def test_online_offline_trains_on_the_whole_conversation(tmp_path, tokenizer):
     want = tokenizer(apply_chat_template(tokenizer, CONV), add_special_tokens=False)["input_ids"]
     assert list(tp.prompt_ids) == want
     assert "Answer in one word." in tokenizer.decode(tp.prompt_ids)
+
+
+@pytest.mark.parametrize("fmt", ["alpaca_eval-json", "parquet", "save_to_disk"])
+def test_eval_reads_response_tables(tmp_path, fmt):
+    """``pofe eval`` compares two response tables (alpaca_eval outputs among them) read by the
+    data layer, matched on the prompt."""
+    from pofe.evaluation.eval import EvalConfig, collect_responses
+
+    a = [{"instruction": "Name a fruit.", "output": "Apple.", "generator": "m1"},
+         {"instruction": "Say hi.", "output": "Hello.", "generator": "m1"}]
+    b = [{"instruction": "Say hi.", "output": "Hi there, friend.", "generator": "m2"},
+         {"instruction": "Name a fruit.", "output": "A ripe pear.", "generator": "m2"}]
+    write = {"alpaca_eval-json": lambda p, rows: _write(p.with_suffix(".json"), json.dumps(rows)),
+             "parquet": lambda p, rows: _parquet(p.with_suffix(".parquet"), rows),
+             "save_to_disk": lambda p, rows: _saved(p, rows)}[fmt]
+    fa, fb = write(tmp_path / "a", a), write(tmp_path / "b", b)
+    prompts, ra, rb = collect_responses(EvalConfig(policy_a=str(fa), policy_b=str(fb)))
+    assert prompts == ["Name a fruit.", "Say hi."]
+    assert ra == ["Apple.", "Hello."] and rb == ["A ripe pear.", "Hi there, friend."]
