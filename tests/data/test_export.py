@@ -184,3 +184,22 @@ def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path, tokenizer, one_to
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         # identical policy and reference at step 0: the DPO loss is log 2
         assert len(losses) == 2 and losses[0] == pytest.approx(0.6931, abs=1e-3)
+
+
+def test_trl_reward_trainer_trains_two_steps_on_a_datasets_export(tmp_path, tokenizer, one_torch_thread):
+    import datasets
+    import trl
+    from transformers import LlamaForSequenceClassification
+
+    from pofe.models import tiny_causal_lm
+
+    assert runner.invoke(app, ["export", str(_label_run(tmp_path)), "--format", "datasets",
+                               "-o", str(tmp_path / "ds")]).exit_code == 0
+    config = tiny_causal_lm(tokenizer).config
+    config.num_labels = 1
+    args = trl.RewardConfig(output_dir=str(tmp_path / "rm"), max_steps=2, per_device_train_batch_size=2, report_to=[],
+                            use_cpu=True, save_strategy="no", logging_steps=1, max_length=64)
+    trainer = trl.RewardTrainer(model=LlamaForSequenceClassification(config), args=args,
+                                train_dataset=datasets.load_from_disk(str(tmp_path / "ds")), processing_class=tokenizer)
+    assert trainer.train().global_step == 2
+    assert len([h for h in trainer.state.log_history if "loss" in h]) == 2
