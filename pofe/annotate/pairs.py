@@ -14,7 +14,8 @@ Accepted rows (JSONL/JSON, ``.gz``, CSV/parquet through ``datasets``):
 A pair's id is the row's ``id`` or ``pair_id`` when it has one, else a hash of its prompt
 and its two responses (order-free, so the same pair in another file gets the same id and two
 annotators' labels of it can be compared). Pairs with identical responses are skipped and
-counted (a label on identical text says nothing); a second copy of a pair is skipped too.
+counted (a label on identical text says nothing); a second copy of a pair (same prompt and
+responses, in either order) is skipped too.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def load_pairs(path: str | Path) -> tuple[list[AnnotationPair], dict[str, int]]:
         raise DataError(f"pairs file not found: {path}")
     pairs: list[AnnotationPair] = []
     seen: dict[str, AnnotationPair] = {}
+    seen_content: set[str] = set()
     skipped: dict[str, int] = {}
     for where, row in _rows(path):
         out = _pair_from_row(row, where)
@@ -106,13 +108,14 @@ def load_pairs(path: str | Path) -> tuple[list[AnnotationPair], dict[str, int]]:
         if ordered_by_file and _bit("order", pid):
             a, b = b, a
         pair = AnnotationPair(pid, prompt, a, b, where)
-        if pid in seen:
-            first = seen[pid]
-            if {first.response_a, first.response_b} != {a, b} or first.prompt != prompt:
-                raise DataError(f"{where}: pair id {pid!r} is also used by a different pair at {first.where}")
+        content = content_id(prompt, a, b)
+        if pid in seen and content_id(seen[pid].prompt, seen[pid].response_a, seen[pid].response_b) != content:
+            raise DataError(f"{where}: pair id {pid!r} is also used by a different pair at {seen[pid].where}")
+        if pid in seen or content in seen_content:  # the same pair again: label it once
             skipped["duplicate"] = skipped.get("duplicate", 0) + 1
             continue
         seen[pid] = pair
+        seen_content.add(content)
         pairs.append(pair)
     if not pairs:
         raise DataError(f"{path}: no pairs to label (skipped: {skipped or 'none'})")
