@@ -213,11 +213,11 @@ def _static(name: str) -> bytes:
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: "AnnotateServer"
+    server: AnnotateServer
     server_version = "pofe-annotate"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: bytes, ctype: str) -> None:
@@ -258,7 +258,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             return False
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         if not self._host_ok():
             return self._error(HTTPStatus.FORBIDDEN, "forbidden host: pofe annotate answers on its loopback address only")
         path = urlsplit(self.path).path
@@ -269,7 +269,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(HTTPStatus.OK, _static(name), ctype)
         return self._error(HTTPStatus.NOT_FOUND, "not found")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if not self._host_ok() or not self._origin_ok():
             return self._error(HTTPStatus.FORBIDDEN, "forbidden host or origin")
         path = urlsplit(self.path).path
