@@ -13,7 +13,8 @@ from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_jso
 def register(app: typer.Typer) -> None:
     from pofe.evaluation.audit import AuditConfig
 
-    @app.command(help="Validate a judge on human-labelled pairs (pofe JSONL, HH-RLHF, LLMBar): agreement, position "
+    @app.command(help="Validate a judge on human-labelled pairs (pofe JSONL, `pofe annotate` output, HH-RLHF, "
+                      "LLMBar): agreement, position "
                       "consistency, first-position win rate, length bias, p histogram, parse failures, contrast "
                       "pairs. Exit status 1 when a threshold check fails; --output writes the report that "
                       "`--require-audit` reads.")
