@@ -216,6 +216,7 @@ class Handler(BaseHTTPRequestHandler):
     server: AnnotateServer
     server_version = "pofe-annotate"
     sys_version = ""
+    timeout = 30  # a client that promises a body and never sends it frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

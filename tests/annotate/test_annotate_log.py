@@ -205,3 +205,18 @@ def test_chosen_rejected_pairs_are_not_all_chosen_first(tmp_path):
     first = sum(p.response_a.startswith("good") for p in pairs)
     assert 30 < first < 70  # a random order per pair, not the file's chosen-first convention
     assert [p.response_a for p in load_pairs(path)[0]] == [p.response_a for p in pairs]  # and a fixed one
+
+
+def test_load_pairs_reads_pofe_label_output_and_hh_dialogues(tmp_path):
+    from pofe.loops.label import label_row
+    from pofe.records import Judgment
+
+    j = Judgment(p=0.7, p_ab=0.8, p_ba=0.6, consistent=True, parse_ok=True, judge_id="length")
+    rows = [label_row("Name a colour.", "Blue.", "Green is a colour.", j),
+            {"chosen": "\n\nHuman: Say hi.\n\nAssistant: Hello there!", "rejected": "\n\nHuman: Say hi.\n\nAssistant: No."}]
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs, skipped = load_pairs(path)
+    assert skipped == {}
+    assert (pairs[0].prompt, pairs[0].response_a, pairs[0].response_b) == ("Name a colour.", "Blue.", "Green is a colour.")
+    assert pairs[1].prompt == "Say hi." and {pairs[1].response_a, pairs[1].response_b} == {"Hello there!", "No."}
