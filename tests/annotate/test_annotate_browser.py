@@ -117,6 +117,8 @@ def test_label_undo_reload_resume_and_audit(browser, annotate_server, tmp_path):
     assert s1["prompt"] == PAIRS[0]["prompt"] and {s1["left"], s1["right"]} == {PAIRS[0]["response_a"], PAIRS[0]["response_b"]}
     press("1", 1)
     picks[s1["id"]] = s1["left"]
+    last = json.loads(annotate_server["out"].read_text(encoding="utf-8").splitlines()[-1])
+    assert (last["event"], last["pair_id"], last["choice"]) == ("label", s1["id"], "left")  # on disk at once
 
     s2 = shown()
     assert s2["prompt"] == PAIRS[1]["prompt"]
@@ -159,12 +161,7 @@ def test_label_undo_reload_resume_and_audit(browser, annotate_server, tmp_path):
     assert attr("state") == "done" and "4 labelled and 1 skipped of 5" in d.find_element(By.ID, "done-text").text
     severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe  # no script errors, no Content-Security-Policy violations
-
-    proc = annotate_server["proc"]
-    proc.send_signal(signal.SIGTERM)
-    rest, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert "ann: 4 labelled, 1 skipped of 5" in rest
+    d.close()  # close the tab: the file already holds everything (the server is still running)
 
     out = annotate_server["out"]
     events = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
@@ -178,6 +175,12 @@ def test_label_undo_reload_resume_and_audit(browser, annotate_server, tmp_path):
             assert it.label == "tie"
         else:  # the calibration item prefers exactly the text that was on the side picked
             assert (it.response_a if it.label == "A" else it.response_b) == picks[it.id]
+
+    proc = annotate_server["proc"]
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "ann: 4 labelled, 1 skipped of 5" in rest
 
     report = tmp_path / "audit.json"
     r = CliRunner().invoke(app, ["audit", "--calibration", str(out), "--judge", "length", "--set", "contrasts=false",
