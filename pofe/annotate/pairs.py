@@ -53,6 +53,19 @@ def shown_swapped(pair_id: str, annotator: str, seed: int = 0) -> bool:
     return _bit("shown", pair_id, annotator, str(seed))
 
 
+def subset(pairs: list[AnnotationPair], limit: int | None, seed: int = 0) -> list[AnnotationPair]:
+    """A seeded random ``limit`` of the pairs, in file order. Ranked by a hash of (seed, pair
+    id), so it depends on neither the annotator nor a restart: two people asked for 300 pairs
+    of one file get the same 300, and a resumed session the same ones again."""
+    if limit is None or limit >= len(pairs):
+        return list(pairs)
+    def rank(i: int) -> bytes:
+        return hashlib.sha256(f"subset\x00{seed}\x00{pairs[i].id}".encode("utf-8")).digest()
+
+    keep = set(sorted(range(len(pairs)), key=rank)[:limit])
+    return [p for i, p in enumerate(pairs) if i in keep]
+
+
 def _rows(path: Path):
     # The one call into the data layer's row reader (the lead switches this at merge).
     from pofe.data.prompts import load_rows

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from pydantic import field_validator
 
 from pofe.annotate.log import EventLog
-from pofe.annotate.pairs import AnnotationPair, file_sha256, load_pairs, shown_swapped
+from pofe.annotate.pairs import AnnotationPair, file_sha256, load_pairs, shown_swapped, subset
 from pofe.config import PofeConfig
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,11 @@ class AnnotateConfig(PofeConfig):
     """Loopback address to serve on (127.0.0.1, ::1 or localhost): the page writes files."""
     port: int = 0
     """0 = any free port (the URL is printed)."""
+    limit: int | None = None
+    """Label a seeded random subset of this many pairs (the same subset for every annotator
+    with the same seed, so their labels overlap), shown in file order; all pairs when null."""
     seed: int = 0
-    """Seeds the per-pair, per-annotator left/right order."""
+    """Seeds the per-pair, per-annotator left/right order and the ``limit`` subset."""
 
     @field_validator("annotator")
     @classmethod
@@ -88,6 +91,13 @@ class AnnotateConfig(PofeConfig):
                              "localhost only")
         return v
 
+    @field_validator("limit")
+    @classmethod
+    def _check_limit(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"limit {v}: give at least 1 (or null for every pair)")
+        return v
+
     @field_validator("port")
     @classmethod
     def _check_port(cls, v: int) -> int:
@@ -101,7 +111,9 @@ class Session:
 
     def __init__(self, cfg: AnnotateConfig):
         self.cfg = cfg
-        self.pairs, self.skipped_rows = load_pairs(cfg.pairs)
+        pairs, self.skipped_rows = load_pairs(cfg.pairs)
+        self.n_in_file = len(pairs)
+        self.pairs = subset(pairs, cfg.limit, cfg.seed)
         self.by_id: dict[str, AnnotationPair] = {p.id: p for p in self.pairs}
         self.log = EventLog(cfg.output)
         self._lock = threading.Lock()
@@ -119,7 +131,7 @@ class Session:
         """Provenance of this labelling session (written once the server is bound)."""
         cfg = self.cfg
         self.log.append({"event": "open", "annotator": cfg.annotator, "pairs": str(cfg.pairs),
-                         "pairs_sha256": file_sha256(cfg.pairs), "n_pairs": len(self.pairs), "seed": cfg.seed,
+                         "pairs_sha256": file_sha256(cfg.pairs), "n_pairs": len(self.pairs), "n_in_file": self.n_in_file, "limit": cfg.limit, "seed": cfg.seed,
                          "pofe": _version()})
 
     # ------------------------------------------------------------------ state

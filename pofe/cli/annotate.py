@@ -20,6 +20,8 @@ def register(app: typer.Typer) -> None:
                                                         "prompt/chosen/rejected or prompt/response_a/response_b rows."),
         annotator: Optional[str] = typer.Option(None, "--annotator", "-a", help="Your annotator id (e.g. alice)."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Calibration file to write (resumed if it exists)."),
+        limit: Optional[int] = typer.Option(None, "--limit", help="Label a seeded random subset of N pairs "
+                                                                 "(the same N for every annotator)."),
         port: Optional[int] = typer.Option(None, "--port", help="Port (0 = any free port; the URL is printed)."),
         host: Optional[str] = typer.Option(None, "--host", help="Loopback address (127.0.0.1, ::1, localhost)."),
         config: Optional[Path] = ConfigOpt,
@@ -29,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from pofe.annotate.server import AnnotateConfig
 
         cfg = resolve_config(AnnotateConfig, config, set_, {
-            "pairs": pairs, "annotator": annotator, "output": output, "port": port, "host": host}, print_config)
+            "pairs": pairs, "annotator": annotator, "output": output, "limit": limit, "port": port, "host": host}, print_config)
         from pofe.annotate.server import make_server
         from pofe.data.prompts import DataError
 
@@ -43,7 +45,8 @@ def register(app: typer.Typer) -> None:
         c = s.counts()
         skipped = ", ".join(f"{v} {k}" for k, v in s.skipped_rows.items())
         typer.echo(f"pofe annotate: {server.url}", nl=True)
-        typer.echo(f"  {c['total']} pairs from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
+        sub = f" (a seeded subset of {s.n_in_file})" if c["total"] < s.n_in_file else ""
+        typer.echo(f"  {c['total']} pairs{sub} from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
                    + f"; annotator {cfg.annotator}: {c['labelled']} labelled, {c['skipped']} skipped so far"
                    + (f" ({s.foreign} more on pairs of other files)" if s.foreign else ""))
         typer.echo(f"  writing {cfg.output}; press Ctrl-C to stop (every label is already saved)")

@@ -220,3 +220,18 @@ def test_load_pairs_reads_pofe_label_output_and_hh_dialogues(tmp_path):
     assert skipped == {}
     assert (pairs[0].prompt, pairs[0].response_a, pairs[0].response_b) == ("Name a colour.", "Blue.", "Green is a colour.")
     assert pairs[1].prompt == "Say hi." and {pairs[1].response_a, pairs[1].response_b} == {"Hello there!", "No."}
+
+
+def test_limit_picks_the_same_subset_for_every_annotator(tmp_path):
+    _pairs(tmp_path, n=30)
+    cfg = dict(pairs=str(tmp_path / "pairs.jsonl"), output=str(tmp_path / "cal.jsonl"), limit=8)
+    a = Session(AnnotateConfig(annotator="ann", **cfg))
+    b = Session(AnnotateConfig(annotator="bob", **cfg))
+    other = Session(AnnotateConfig(annotator="ann", seed=1, **cfg))
+    ids = [p.id for p in a.pairs]
+    assert len(ids) == 8 and ids == [p.id for p in b.pairs] and ids != [p.id for p in other.pairs]
+    everything = [p.id for p in load_pairs(tmp_path / "pairs.jsonl")[0]]
+    assert ids == [i for i in everything if i in set(ids)]  # file order kept
+    assert a.counts()["total"] == 8 and a.n_in_file == 31
+    with pytest.raises(ValueError, match="limit 0: give at least 1"):
+        AnnotateConfig(annotator="ann", **{**cfg, "limit": 0})
