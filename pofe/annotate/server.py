@@ -131,8 +131,8 @@ class Session:
         """Provenance of this labelling session (written once the server is bound)."""
         cfg = self.cfg
         self.log.append({"event": "open", "annotator": cfg.annotator, "pairs": str(cfg.pairs),
-                         "pairs_sha256": file_sha256(cfg.pairs), "n_pairs": len(self.pairs), "n_in_file": self.n_in_file, "limit": cfg.limit, "seed": cfg.seed,
-                         "pofe": _version()})
+                         "pairs_sha256": file_sha256(cfg.pairs), "n_pairs": len(self.pairs), "n_in_file": self.n_in_file,
+                         "limit": cfg.limit, "seed": cfg.seed, "pofe": _version()})
 
     # ------------------------------------------------------------------ state
     def swapped(self, pair: AnnotationPair) -> bool:

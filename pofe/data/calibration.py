@@ -240,7 +240,7 @@ def resolve_annotation_events(rows: Iterable[dict[str, Any]], source: str) -> li
     stand once every ``undo`` is applied, in the order they were given.
 
     The log is append-only (nothing is ever edited, so a closed tab or a crash loses nothing):
-    ``undo`` withdraws its annotator's most recent standing decision, and a second decision on
+    ``undo`` withdraws its annotator's standing decision on its pair, and a second decision on
     the same (annotator, pair) replaces the first. ``open`` events (one per server start) only
     carry provenance. This is the one place the log is interpreted: the annotate server
     rebuilds its state with it, and :func:`from_annotations` reads calibration items with it.
@@ -264,11 +264,13 @@ def resolve_annotation_events(rows: Iterable[dict[str, Any]], source: str) -> li
             raise ValueError(f"{where}: '{ev}' event without a 'pair_id' string")
         stack = stacks.setdefault(who, [])
         if ev == "undo":
-            if not stack or stack[-1]["pair_id"] != pid:
-                last = stack[-1]["pair_id"] if stack else None
-                raise ValueError(f"{where}: undo of pair {pid!r} by {who!r}, but that annotator's last standing "
-                                 f"decision is {'none' if last is None else repr(last)}")
-            stack.pop()
+            # Each (annotator, pair) has at most one standing decision, so naming the pair is
+            # unambiguous; the server undoes its session's latest one (a session over another
+            # file or subset can have later decisions on pairs it does not show).
+            hit = [k for k, d in enumerate(stack) if d["pair_id"] == pid]
+            if not hit:
+                raise ValueError(f"{where}: undo of pair {pid!r} by {who!r}, who has no standing decision on it")
+            del stack[hit[0]]
             continue
         if ev == "label":
             for key in ("prompt", "response_a", "response_b"):

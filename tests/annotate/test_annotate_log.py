@@ -39,9 +39,9 @@ def test_resolve_undo_skip_and_relabel_by_hand():
 
 
 def test_resolve_errors_name_the_line():
-    with pytest.raises(ValueError, match=r"f\.jsonl:2: undo of pair 'p2' by 'ann', but that annotator's last standing "
-                                         r"decision is 'p1'"):
-        resolve_annotation_events([_label("ann", "p1", "A"), {"event": "undo", "annotator": "ann", "pair_id": "p2"}], "f.jsonl")
+    with pytest.raises(ValueError, match=r"f\.jsonl:3: undo of pair 'p2' by 'ann', who has no standing decision on it"):
+        resolve_annotation_events([_label("ann", "p1", "A"), _label("bob", "p2", "A"),
+                                   {"event": "undo", "annotator": "ann", "pair_id": "p2"}], "f.jsonl")
     with pytest.raises(ValueError, match=r"f\.jsonl:1: unknown event 'lable'"):
         resolve_annotation_events([{"event": "lable", "annotator": "ann"}], "f.jsonl")
     with pytest.raises(ValueError, match=r"f\.jsonl:1: label must be 'A', 'B' or 'tie'"):
@@ -235,3 +235,24 @@ def test_limit_picks_the_same_subset_for_every_annotator(tmp_path):
     assert a.counts()["total"] == 8 and a.n_in_file == 31
     with pytest.raises(ValueError, match="limit 0: give at least 1"):
         AnnotateConfig(annotator="ann", **{**cfg, "limit": 0})
+
+
+def test_undo_after_labelling_another_file_in_between(tmp_path):
+    """ann labels file 1, then file 2, then goes back to file 1 and undoes: the undo targets
+    file 1's last pair and the log still reads (file 2's later label stands)."""
+    _pairs(tmp_path, n=2)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt": "x?", "response_a": "yes", "response_b": "no"}) + "\n")
+    s = _session(tmp_path)
+    first = s.state()["pair"]["id"]
+    s.decide(first, "left")
+    s.close()
+    o = Session(AnnotateConfig(pairs=str(other), annotator="ann", output=str(tmp_path / "cal.jsonl")))
+    o.decide(o.state()["pair"]["id"], "right")
+    o.close()
+    back = _session(tmp_path)
+    assert back.foreign == 1 and back.counts()["labelled"] == 1
+    assert back.undo()["pair"]["id"] == first
+    back.close()
+    items = load_calibration([tmp_path / "cal.jsonl"])
+    assert [it.prompt for it in items] == ["x?"]
