@@ -82,7 +82,10 @@ def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
             row["id"] = r["id"]
         return row
 
-    return read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows).map(to_row, limit=cfg.limit)
+    rows = read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows).map(to_row, limit=cfg.limit)
+    if not rows and cfg.limit != 0:  # judging nothing is never a silent success
+        raise DataError(f"{cfg.input}: no rows to judge")
+    return rows
 
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:

@@ -10,8 +10,9 @@ self-rewarding seed fine-tuning that reuse it).
   prompt-completion);
 * Alpaca ``instruction`` [+ ``input``] + ``output``; Self-Instruct seed tasks
   (``instruction`` + first ``instances`` input/output);
-* HH-RLHF (``chosen`` transcript) and TRL implicit-prompt preference chats: the dialogue
-  before the last reply is the prompt, the preferred reply the target.
+* preference rows: ``prompt`` + ``chosen`` (standard or conversational), HH-RLHF
+  (``chosen`` transcript) and TRL implicit-prompt chats -- the preferred reply is the target,
+  the dialogue before it the prompt.
 """
 
 from __future__ import annotations
@@ -50,16 +51,17 @@ def to_example(row: dict[str, Any], where: str, source: str = "ift") -> SFTExamp
         if not isinstance(inst, dict) or not isinstance(inst.get("output"), str):
             raise DataError(f"{where}: 'instances'[0] needs an 'output' string")
         return SFTExample(to_prompt(row, where).text, inst["output"], source)
-    name = next((f for f in RESPONSE_FIELDS if f in row), None)
-    if name is None and "prompt" not in row and "chosen" in row:
+    if "prompt" not in row and "chosen" in row:  # a preference chat: the preferred reply is the target
         if is_hh_transcript(row["chosen"]):
             return _chat(hh_messages(row["chosen"]), where, "chosen", source)
         if is_messages(row["chosen"]):
             return _chat(check_messages(row["chosen"], where, "chosen"), where, "chosen", source)
+    name = next((f for f in (*RESPONSE_FIELDS, "chosen") if f in row), None)
     if name is None:
         raise DataError(f"{where}: need a prompt field ({'/'.join(PROMPT_FIELDS)} or messages) and a response field "
                         f"({'/'.join(RESPONSE_FIELDS)}); fields: {sorted(row)}")
     value = row[name]
+    rest = {k: v for k, v in row.items() if k not in (name, "rejected")}
     if isinstance(value, list):  # conversational completion: the assistant's message(s)
         msgs = check_messages(value, where, name)
         if msgs[-1]["role"] != "assistant":
@@ -67,7 +69,7 @@ def to_example(row: dict[str, Any], where: str, source: str = "ift") -> SFTExamp
         value = msgs[-1]["content"]
     if not isinstance(value, str):
         raise DataError(f"{where}: {name!r} must be a string, got {type(value).__name__}")
-    p = to_prompt({k: v for k, v in row.items() if k != name}, where)
+    p = to_prompt(rest, where)
     return SFTExample(p.messages if p.messages and len(p.messages) > 1 else p.text, value, source)
 
 

@@ -152,6 +152,13 @@ def test_judge_bad_last_line_and_skip_bad_rows(tmp_path):
     r = runner.invoke(app, ["judge", str(f), "--kind", "length", "--skip-bad-rows", "--json",
                             "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 0 and json.loads(r.stdout)["n"] == 1
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "q", "response_a": "a", "response_b": "bb"}')  # one line, no newline
+    r = runner.invoke(app, ["judge", str(bom), "--kind", "length", "--json", "--set", f"run.output_dir={tmp_path}"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["n"] == 1
+    (tmp_path / "empty.jsonl").write_text("\n")
+    r = runner.invoke(app, ["judge", str(tmp_path / "empty.jsonl"), "--kind", "length", "--set", f"run.output_dir={tmp_path}"])
+    assert r.exit_code == 2 and "no rows to judge" in r.stderr
     for bad in ("chunk_size=0", "limit=-1"):
         r = runner.invoke(app, ["judge", str(f), "--kind", "length", "--set", bad])
         assert r.exit_code == 2 and bad.split("=")[0] in r.stderr

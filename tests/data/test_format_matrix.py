@@ -324,6 +324,11 @@ def _sft_formats():
         "hh-rlhf": (lambda t: _jsonl(t / "hh.jsonl", [{"chosen": HH_HEAD + "\n\nAssistant: Pear.",
                                                         "rejected": HH_HEAD + "\n\nAssistant: No."}]),
                     [(tuple(m for m in CONV if m["role"] != "system"), "Pear.")]),
+        "standard-preference": (lambda t: _jsonl(t / "p.jsonl", [{"prompt": "Name a fruit.", "chosen": "Apple.",
+                                                                   "rejected": "Rock."}]), plain),
+        "conversational-preference": (lambda t: _jsonl(t / "c.jsonl", [
+            {"prompt": CONV, "chosen": [{"role": "assistant", "content": "Pear."}],
+             "rejected": [{"role": "assistant", "content": "No."}]}]), conv),
     }
 
 
