@@ -467,10 +467,9 @@ def test_uncached_hub_id_with_unreachable_hub_is_one_line_not_retries(monkeypatc
 def test_online_offline_trains_on_the_whole_conversation(tmp_path, tokenizer):
     """mode=offline tokenises a conversational pair's prompt from its messages (system message
     and earlier turns through the chat template), not from a flattened string."""
+    from pofe.data.preferences import load_pairs
     from pofe.loops.online import tokenize_pair
     from pofe.models import apply_chat_template
-
-    from pofe.data.preferences import load_pairs
 
     make, _ = _pair_formats()["conversational-explicit"]
     [q] = load_pairs(make(tmp_path))
