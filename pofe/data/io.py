@@ -110,7 +110,6 @@ class Adapter:
     files: Callable[[str], list[str]]  # sub-name -> paths relative to shared_data_dir()
     keep: Callable[[str, dict[str, Any]], bool] = lambda sub, row: True
     subs: tuple[str, ...] = ("",)  # accepted sub-names ("" = none given); () = any
-    help: str = ""
 
 
 def _xstest_keep(sub: str, row: dict[str, Any]) -> bool:
@@ -125,19 +124,23 @@ def _llmbar_files(sub: str) -> list[str]:
     return [str(p.relative_to(shared_data_dir())) for p in sorted((root / "LLMBar").rglob("dataset.json"))]
 
 
+# Why these: the RLAIF / Constitutional-AI seed runs critique-and-revise on red-team prompts
+# (AdvBench, HH-RLHF harmless), mixes in helpfulness data (HH-RLHF helpful) and tracks refusals
+# on benign look-alikes (XSTest safe); the judge audits use LLMBar (sub-name: any folder, e.g.
+# Natural, Neighbor, MT-Bench); Self-Instruct seeds and MT-Bench / Vicuna / Koala are the
+# instruction and evaluation prompt sets of the OAIF / self-rewarding seeds.
 ADAPTERS: dict[str, Adapter] = {
     "hh-rlhf": Adapter(lambda s: [f"hh-rlhf/{k}-base/test.jsonl.gz" for k in ([s] if s else ["helpful", "harmless"])],
-                       subs=("", "helpful", "harmless"), help="Anthropic HH-RLHF test dialogues"),
-    "advbench": Adapter(lambda s: ["advbench/harmful_behaviors.csv"], help="AdvBench harmful goals"),
-    "xstest": Adapter(lambda s: ["xstest/xstest_prompts.csv"], _xstest_keep, subs=("", "safe", "unsafe"),
-                      help="XSTest safe/unsafe prompts"),
-    "llmbar": Adapter(_llmbar_files, subs=(), help="LLMBar pairs (sub-name: a folder such as Natural, Neighbor, MT-Bench)"),
+                       subs=("", "helpful", "harmless")),
+    "advbench": Adapter(lambda s: ["advbench/harmful_behaviors.csv"]),
+    "xstest": Adapter(lambda s: ["xstest/xstest_prompts.csv"], _xstest_keep, subs=("", "safe", "unsafe")),
+    "llmbar": Adapter(_llmbar_files, subs=()),
     "self-instruct": Adapter(lambda s: ["self-instruct/" + {"": "seed_tasks.jsonl", "seed": "seed_tasks.jsonl",
                                                             "user": "user_oriented_instructions.jsonl"}[s]],
-                             subs=("", "seed", "user"), help="Self-Instruct seed / user-oriented tasks"),
-    "mt-bench": Adapter(lambda s: ["fastchat-llm-judge/mt_bench/question.jsonl"], help="MT-Bench questions (turns)"),
-    "vicuna-bench": Adapter(lambda s: ["fastchat-llm-judge/vicuna_bench/question.jsonl"], help="Vicuna-80 questions"),
-    "koala": Adapter(lambda s: ["koala-test-set/koala_test_set.jsonl"], help="Koala test prompts"),
+                             subs=("", "seed", "user")),
+    "mt-bench": Adapter(lambda s: ["fastchat-llm-judge/mt_bench/question.jsonl"]),
+    "vicuna-bench": Adapter(lambda s: ["fastchat-llm-judge/vicuna_bench/question.jsonl"]),
+    "koala": Adapter(lambda s: ["koala-test-set/koala_test_set.jsonl"]),
 }
 
 
