@@ -70,8 +70,24 @@ def test_5xx_on_reads_after_identification_is_a_clear_error(server):
     server.default = (500, "boom")
     j = judge_for(server.url)
     with pytest.raises(EndpointError, match=r"/v1/completions failed after 3 attempts \(HTTP 500"):
-        j.judge(["q"], ["a"], ["b"])
-    assert len(posts(server)) == 3
+        j.judge(["q", "q2", "q3"], ["a"] * 3, ["b"] * 3)
+    # bounded: the first request used its 3 attempts; the endpoint is then known down, so the
+    # other 5 reads of the batch try once each instead of running the whole backoff schedule
+    assert len(posts(server)) == 3 + 5
+
+
+def test_reads_that_succeeded_in_a_batch_with_a_failed_request_are_cached(server, tmp_path):
+    # order BA of item 1 fails for good (3 x 500); the three other reads succeed and are paid for
+    server.script = [(200, GOOD), (500, "down"), (500, "down"), (500, "down")]
+    j = judge_for(server.url, tmp_path)
+    v1, v2 = j.judge(["q1", "q2"], ["a", "a"], ["b", "b"])
+    assert len(posts(server)) == 6
+    assert v1.p is None and v1.p_ab == pytest.approx(sig(0.9)) and v2.parse_ok
+    assert v1.extra["errors"][0].startswith("request failed: judge endpoint") and "HTTP 500" in v1.extra["errors"][0]
+    assert len(j.cache) == 3  # the failure is not stored, the good reads are
+    r1, r2 = judge_for(server.url, tmp_path).judge(["q1", "q2"], ["a", "a"], ["b", "b"])
+    assert len(posts(server)) == 7  # only the failed read was asked again
+    assert r1.parse_ok and r2.cached and r1.extra["cache_hits"] == 1
 
 
 @pytest.mark.parametrize("retry_after", [

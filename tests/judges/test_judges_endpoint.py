@@ -85,7 +85,7 @@ def test_4xx_is_not_retried(server):
     server.default = (400, {"error": "bad request"})
     with pytest.raises(EndpointError, match="HTTP 400"):
         judge_for(server.url, concurrency=1).judge(["q"], ["a"], ["b"])
-    assert len(server.requests) == 1
+    assert len(server.requests) == 2  # each order sent once, never retried (one 4xx is counted; all 4xx: raised)
 
 
 def test_malformed_json_and_missing_logprobs_are_counted_not_crashed(server):

@@ -96,6 +96,7 @@ class EndpointBackend:
         self.cacheable = True
         self.identify = identify
         self.served: dict[str, Any] | None = None  # what /v1/models said last time
+        self._down = False  # a request of the current batch failed after all its retries
         self._rng = random.Random()
 
     # -- identity ---------------------------------------------------------------------
@@ -217,7 +218,10 @@ class EndpointBackend:
 
         url = self.base_url + path
         last = ""
-        for attempt in range(self.max_retries + 1):
+        # Once a request of this batch has failed for good, the others try once each: a dead
+        # endpoint fails a 64-row chunk in seconds, not 128 x the full backoff schedule.
+        retries = 0 if self._down else self.max_retries
+        for attempt in range(retries + 1):
             self._rate.wait()
             t0 = time.perf_counter()
             retry_after = None
@@ -229,6 +233,7 @@ class EndpointBackend:
                 if method == "POST":  # model calls; the identity GET is not one
                     self.stats.add(calls=1, seconds=time.perf_counter() - t0)
                 if r.status_code == 200:
+                    self._down = False
                     return r.text
                 last = f"HTTP {r.status_code}: {r.text[:200]!r}"
                 if r.status_code not in _RETRY_STATUS and r.status_code < 500:
@@ -236,10 +241,11 @@ class EndpointBackend:
                         return ""  # no model list on this server: caller treats as unidentified
                     raise EndpointError(f"judge endpoint {url} rejected the {what} ({last})")
                 retry_after = parse_retry_after(r.headers.get("retry-after"))
-            if attempt < self.max_retries:
+            if attempt < retries:
                 time.sleep(self._delay(attempt, retry_after))
-                log.warning("judge endpoint %s: %s; retry %d/%d", url, last, attempt + 1, self.max_retries)
-        raise EndpointError(f"judge endpoint {url} failed after {self.max_retries + 1} attempts ({last})")
+                log.warning("judge endpoint %s: %s; retry %d/%d", url, last, attempt + 1, retries)
+        self._down = True
+        raise EndpointError(f"judge endpoint {url} failed after {retries + 1} attempts ({last})")
 
     def _delay(self, attempt: int, retry_after: float | None = None) -> float:
         # Full jitter: uniform(0, min(cap, base * 2^attempt)) spreads retries of concurrent
@@ -260,20 +266,32 @@ class EndpointBackend:
     def read_choices(self, requests: Sequence[Rendered], choices: Sequence[str]) -> list[ChoiceRead]:
         def one(req: Rendered) -> ChoiceRead:
             path, body = self._payload(req, max_tokens=1, temperature=0.0, logprobs=True)
-            return self._read_with_retries(lambda: parse_choice_response(self._post(path, body), choices))
+            try:
+                return self._read_with_retries(lambda: parse_choice_response(self._post(path, body), choices))
+            except EndpointError as e:  # this request failed for good; the others of the batch may not have
+                return ChoiceRead(None, error=f"{self._FAILED}{e}")
 
+        self._down = False
         out = self._map(one, list(requests))
         self.stats.add(tokens=sum(r.tokens for r in out))
-        self._refuse_all_garbage([r.error for r in out])
+        self._refuse_all_failed([r.error for r in out])
         return out
 
-    def _refuse_all_garbage(self, errors: list[str | None]) -> None:
-        """A server that answered *every* request of a batch with garbage (after retries) is
-        broken, not a judge with opinions: one clear error instead of a run that labels
-        nothing. Some garbage among good answers is counted per read instead."""
-        if errors and all(e is not None and e.startswith(self._TRANSIENT) for e in errors):
-            raise EndpointError(f"judge endpoint {self.base_url} answered all {len(errors)} requests of a batch "
-                                f"unreadably ({errors[0]}); is it an OpenAI-compatible server?")
+    _FAILED = "request failed: "
+
+    def _refuse_all_failed(self, errors: list[str | None]) -> None:
+        """One request that failed after its retries is an unreadable read (counted), so the
+        successful reads of the same batch still reach the judge and its cache (paid API work
+        is not lost). A batch in which *every* request failed, or came back as garbage, is a
+        broken endpoint, not a judge with opinions: one clear error instead of a run that
+        labels nothing."""
+        if not errors or not all(e is not None and (e.startswith(self._TRANSIENT) or e.startswith(self._FAILED))
+                                 for e in errors):
+            return
+        if errors[0].startswith(self._FAILED):
+            raise EndpointError(errors[0][len(self._FAILED):])
+        raise EndpointError(f"judge endpoint {self.base_url} answered all {len(errors)} requests of a batch "
+                            f"unreadably ({errors[0]}); is it an OpenAI-compatible server?")
 
     # Answers a proxy or an overloaded server can give once and not the next time: retried.
     _TRANSIENT = ("malformed JSON", "no choices in response", "no text in response")
@@ -301,11 +319,15 @@ class EndpointBackend:
             s = None if seed is None else seed + j
             path, body = self._payload(requests[i], max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        logprobs=False, seed=s)
-            return self._read_with_retries(lambda: parse_generation_response(self._post(path, body)))
+            try:
+                return self._read_with_retries(lambda: parse_generation_response(self._post(path, body)))
+            except EndpointError as e:
+                return GenOut(None, error=f"{self._FAILED}{e}")
 
+        self._down = False
         res = self._map(one, jobs)
         self.stats.add(tokens=sum(g.tokens for g in res))
-        self._refuse_all_garbage([g.error for g in res])
+        self._refuse_all_failed([g.error for g in res])
         out: list[list[GenOut]] = [[] for _ in requests]
         for (i, _), g in zip(jobs, res):
             out[i].append(g)
