@@ -167,3 +167,16 @@ def test_cot_clamp_defaults_to_cai_whenever_cot_is_on():
     on = build_judge(OpenAIJudgeConfig(cot={"enabled": True}, endpoint={"api": "completions"}, cache={"enabled": False}))
     off = build_judge(OpenAIJudgeConfig(cache={"enabled": False}))
     assert on.clamp_p == (0.4, 0.6) and off.clamp_p is None
+
+
+# ----------------------------------------------------------------------------- backends
+def test_every_backend_implements_the_protocol(tiny_model, tokenizer):
+    from pofe.judges import JudgeBackend
+    from pofe.judges.backends import BACKENDS, EndpointBackend, TransformersBackend
+
+    assert set(BACKENDS) == {"transformers", "llamacpp", "openai"}
+    assert isinstance(TransformersBackend("t", model=tiny_model, tokenizer=tokenizer), JudgeBackend)
+    assert isinstance(EndpointBackend("http://127.0.0.1:1/v1", identify=False), JudgeBackend)
+    for cls in BACKENDS.values():  # llama.cpp needs a GGUF to instantiate: check the class
+        for name in ("fingerprint", "read_choices", "generate", "validate_choices", "special_strings", "close"):
+            assert hasattr(cls, name), (cls, name)
