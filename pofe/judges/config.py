@@ -140,10 +140,13 @@ class RubricConfig(PofeConfig):
 class _JudgeKind(PofeConfig):
     """Base of every judge kind: ``capabilities`` says what the built judge can do."""
 
+    kind: str
+    """Which judge (each kind narrows this to its own name; declared here so it comes first in dumped configs)."""
+
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
 
-class _InProcessSettings(PofeConfig):
+class _InProcessSettings(_JudgeKind):
     """A judge model run in this process (transformers)."""
 
     model: str = DEFAULT_JUDGE_MODEL
