@@ -213,6 +213,17 @@ def test_cli_commands_config_handling_and_a_label_run(tmp_path):
     s = json.loads(res.output[res.output.index("{"):])
     assert s["pairs"] == 3 and s["cache"]["judgments"] == 3
     assert runner.invoke(app, ["rm", "--output-dir", str(tmp_path)]).exit_code == 2  # no training data: one-line error
+    # --resume RUN_DIR on each command: a typo'd folder is a one-line error, never a fresh run
+    for cmd in (["cai", "revise"], ["label"], ["rm"], ["rl"]):
+        res = runner.invoke(app, [*cmd, "--resume", str(tmp_path / "no-such-run")])
+        assert res.exit_code == 2 and "no config.yaml" in res.output, (cmd, res.output)
+    assert not (tmp_path / "no-such-run").exists()
+    # resuming the finished label run: nothing is judged again, nothing is written twice
+    res = runner.invoke(app, ["label", "--resume", s["run_dir"], "--json"])
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output[res.output.index("{"):])
+    assert again["resumed_after"] == 3 and again["cache"]["judgments"] == 0 and again["pairs"] == 3
+    assert len(open(again["files"]["labels"]).readlines()) == 3 and len(open(again["files"]["preferences"]).readlines()) == 3
 
 
 @pytest.mark.slow

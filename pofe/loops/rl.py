@@ -70,7 +70,7 @@ class RewardConfig(PofeConfig):
     """Where the reward comes from."""
 
     kind: Literal["programmatic", "reward-model", "judge"] = "programmatic"
-    # reward-model
+    """programmatic (a function of the response), reward-model (a ``pofe rm`` model) or judge (a pointwise judge)."""
     model: str | None = None
     """reward-model: a ``pofe rm`` output directory (its ``final/``: AutoModelForSequenceClassification, num_labels = 1)."""
     max_length: int = Field(512, ge=1)
