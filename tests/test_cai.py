@@ -219,7 +219,8 @@ def test_crash_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
         got = [json.loads(x) for x in open(d / f)]
         want = [json.loads(x) for x in open(tmp_path / "ref" / f)]
         assert got == want, f
-    assert {k: s[k] for k in ("prompts", "principle_counts", "refusal")} == {k: ref[k] for k in ("prompts", "principle_counts", "refusal")}
+    keys = ("prompts", "principle_counts", "refusal")
+    assert {k: s[k] for k in keys} == {k: ref[k] for k in keys}
     with pytest.raises(RunError):
         run(cfg("x"), resume=tmp_path / "typo", generate_fn=fake)
 

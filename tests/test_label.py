@@ -114,7 +114,8 @@ def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
                       batch_size=4, run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg, judge=Scripted(verdicts))
     # 0.55 and 0.45 sit within 0.1 of 1/2; None is unparsed; 0.9, 1.0 and 0.2 are kept
-    assert s["filter"] == {"drop_inconsistent": False, "min_margin": 0.1, "dropped": {"unparsed": 1, "inconsistent": 0, "margin": 2}}
+    assert s["filter"] == {"drop_inconsistent": False, "min_margin": 0.1,
+                           "dropped": {"unparsed": 1, "inconsistent": 0, "margin": 2}}
     assert s["preference_pairs"] == 3 and s["text_fallback_labels"] == 1
     prefs = [json.loads(x) for x in open(s["files"]["preferences"])]
     assert [q["p"] for q in prefs] == pytest.approx([0.9, 1.0, 0.8])

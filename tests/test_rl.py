@@ -205,8 +205,8 @@ def test_crash_mid_run_then_resume_is_exact_and_never_duplicates_metrics(tmp_pat
     stop only). A crash in step 4 after the step-2 checkpoint and step 3's metrics row; the
     resumed run rewinds metrics to step 2, redoes 3 and 4, and ends exactly where an
     uninterrupted run ends: same metrics, same weights."""
-    ref = run(_rl_cfg(tmp_path, "ref"), policy=stopping_lm(tokenizer), tokenizer=tokenizer,
-              reward_fn=CallableReward(_crashing_reward(10**9)))
+    run(_rl_cfg(tmp_path, "ref"), policy=stopping_lm(tokenizer), tokenizer=tokenizer,
+        reward_fn=CallableReward(_crashing_reward(10**9)))
     cfg = _rl_cfg(tmp_path, "crash")
     with pytest.raises(Crash):  # 4 samples per step: steps 1-3 score 12 samples, step 4 crashes
         run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer, reward_fn=CallableReward(_crashing_reward(12)))

@@ -276,7 +276,8 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     pairs = [(x, a, b) for x, a, b in pairs if a.strip() != b.strip()]
     # Resume: the labels rows already written (a torn last line is dropped) are kept, and
     # preferences.jsonl is rebuilt from them, so no pair is labelled or written twice.
-    rows: list[dict[str, Any]] = read_jsonl(run_dir / "labels.jsonl") if resume is not None and (run_dir / "labels.jsonl").exists() else []
+    labels_file = run_dir / "labels.jsonl"
+    rows: list[dict[str, Any]] = read_jsonl(labels_file) if resume is not None and labels_file.exists() else []
     done = len(rows)
     atomic_write_text(run_dir / "labels.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     prefs = [to_preference(r) for r in rows if r.get("dropped") is None]
