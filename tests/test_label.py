@@ -124,6 +124,13 @@ def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
     assert [r["text_fallback"] for r in labels] == [False, False, True, False, False, False]
     metrics = [json.loads(x) for x in open(tmp_path / "lab" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2] and [m["pairs"] for m in metrics] == [4, 2]
+    assert [m["text_fallback"] for m in metrics] == [1, 0] and [m["dropped"] for m in metrics] == [2, 1]
+    # the margin is inclusive at its edge: |0.4 - 1/2| = 0.1 is kept (0.5 - 0.4 is 0.0999... in floats)
+    from pofe.loops.label import LabelFilterConfig, drop_reason
+
+    edge = {"p": 0.4, "consistent": True}
+    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1)) is None
+    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1000001)) == "margin"
     # the default: nothing filtered, and the summary shows it
     d = run(LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"},
                         run={"output_dir": str(tmp_path), "name": "lab2"}), judge=Scripted(verdicts))

@@ -155,7 +155,7 @@ def drop_reason(row: dict[str, Any], filt: LabelFilterConfig) -> str | None:
         return "unparsed"
     if filt.drop_inconsistent and row["consistent"] is False:
         return "inconsistent"
-    if abs(row["p"] - 0.5) < filt.min_margin:
+    if round(abs(row["p"] - 0.5), 9) < filt.min_margin:  # rounded: 0.5 - 0.4 is 0.0999... in floats
         return "margin"
     return None
 
@@ -312,7 +312,8 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
                 st = label_stats(batch_rows)
                 m = {"step": start // cfg.batch_size + 1, "pairs": len(batch_rows), "parsed": st["parsed"],
                      "mean_p": st["mean_p"], "consistency_rate": st["consistency_rate"],
-                     "dropped": sum(r["dropped"] is not None for r in batch_rows)}
+                     "dropped": sum(r["dropped"] is not None for r in batch_rows),
+                     "text_fallback": sum(bool(r["text_fallback"]) for r in batch_rows)}
                 sink.write(m)
                 bar.update(m)
     finally:
