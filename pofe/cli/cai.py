@@ -78,8 +78,8 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"cai revise: {s['prompts']} prompts x {s['rounds']} round(s), constitution {s['constitution']} "
                    f"({s['constitution_version']}); {s['sft_examples']} SFT examples ({s['sft_helpful']} helpful), "
-                   f"{s['preference_pairs']} revision>original pairs, {s['unchanged']} unchanged; critiques drew "
-                   f"{len(s['critique_principles'])} principles ({', '.join(s['critique_principles'])})")
+                   f"{s['preference_pairs']} revision>original pairs, {s['unchanged']} unchanged")
+        typer.echo(f"critique principles ({len(s['critique_principles'])}): {', '.join(s['critique_principles'])}")
         ref = s.get("refusal")
         if ref:
             for k in ("original", "revised"):
