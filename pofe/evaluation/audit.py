@@ -58,7 +58,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -774,6 +774,11 @@ def require_audit(report: str | Path | dict[str, Any], judge_identity: dict[str,
     """
     where = report if not isinstance(report, dict) else "(report)"
     rep = report if isinstance(report, dict) else read_audit_report(report)
+    failed = failed_checks(rep)
+    if not rep["passed"] or failed:
+        detail = "; ".join(describe_check(n, rep["checks"][n]) for n in failed) or "passed is false"
+        raise AuditError(f"judge {rep.get('judge')!r} failed its audit ({where}): {detail}. "
+                         "Refusing to train on it.", failed)
     if judge_id is not None and rep.get("judge") != judge_id:
         raise AuditError(f"audit report {where} audited judge {rep.get('judge')!r}, not {judge_id!r}; "
                          "audit the judge you train with", ["judge_mismatch"])
@@ -795,21 +800,89 @@ def require_audit(report: str | Path | dict[str, Any], judge_identity: dict[str,
     if calibration_sha256 is not None and sha != calibration_sha256:
         raise AuditError(f"audit report {where} was measured on calibration set {str(sha)[:12]}, not "
                          f"{calibration_sha256[:12]}", ["calibration_mismatch"])
-    failed = failed_checks(rep)
-    if not rep["passed"] or failed:
-        detail = "; ".join(describe_check(n, rep["checks"][n]) for n in failed) or "passed is false"
-        raise AuditError(f"judge {rep.get('judge')!r} failed its audit ({where}): {detail}. "
-                         "Refusing to train on it.", failed)
     return rep
 
 
-def gate(report_path: str | Path | None, judge_identity: dict[str, Any]) -> None:
+_PROVENANCE = ("judge_id", "template_hash", "constitution_version")
+
+
+def labels_identity(sources: Sequence[str | Path]) -> dict[str, Any]:
+    """The judge identity recorded in AI-labelled pair files (``pofe label`` labels/preferences,
+    top-level or under ``provenance``): ``{judge_id, template_hash, constitution_version}``.
+    Raises :class:`AuditError` when a source has no such record (human-labelled data, or a
+    hub source) or the files mix several judges: a gate cannot vouch for those labels."""
+    from pofe.runs import read_jsonl
+
+    seen: dict[tuple, str] = {}
+    for src in sources:
+        path = Path(src)
+        if path.is_dir():
+            path = next((path / n for n in ("preferences.jsonl", "labels.jsonl") if (path / n).is_file()), path)
+        if not path.is_file() or not path.name.endswith(".jsonl"):
+            raise AuditError(f"--require-audit: {src} is not a pofe-labelled JSONL file, so no judge is named "
+                             "for its labels", ["labels_unknown"])
+        for k, row in enumerate(read_jsonl(path), 1):
+            if not isinstance(row, dict):
+                continue
+            prov = row.get("provenance") if isinstance(row.get("provenance"), dict) else row
+            key = tuple(prov.get(f) for f in _PROVENANCE)
+            if key[0] is None:
+                raise AuditError(f"--require-audit: {path}:{k}: the row names no judge_id (not AI-labelled?)",
+                                 ["labels_unknown"])
+            seen.setdefault(key, f"{path}:{k}")
+    if not seen:
+        raise AuditError("--require-audit: the training files hold no labelled rows", ["labels_unknown"])
+    if len(seen) > 1:
+        where = ", ".join(f"{k[0]} ({v})" for k, v in list(seen.items())[:3])
+        raise AuditError(f"--require-audit: the labels come from {len(seen)} different judges ({where}); "
+                         "one report cannot vouch for them all", ["judge_mismatch"])
+    return dict(zip(_PROVENANCE, next(iter(seen))))
+
+
+def reward_model_identity(model_dir: str | Path) -> dict[str, Any]:
+    """The judge behind a ``pofe rm`` model: the labels its run trained on (``RUN/config.yaml``
+    ``data.train``), through :func:`labels_identity`."""
+    import yaml
+
+    d = Path(model_dir)
+    cfg_path = next((c / "config.yaml" for c in (d, d.parent) if (c / "config.yaml").is_file()), None)
+    if cfg_path is None:
+        raise AuditError(f"--require-audit: {model_dir} is not inside a pofe rm run folder (no config.yaml), so "
+                         "the judge behind its labels is unknown", ["labels_unknown"])
+    train = ((yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("data") or {}).get("train") or []
+    return labels_identity([t if Path(t).is_absolute() or Path(t).exists() else cfg_path.parent / t for t in train])
+
+
+def reward_identity(reward_cfg) -> dict[str, Any]:
+    """The judge behind ``pofe rl``'s reward: the pointwise judge itself (``reward.kind=judge``)
+    or the judge that labelled the reward model's training pairs; a programmatic reward has
+    no judge to audit."""
+    kind = getattr(reward_cfg, "kind", None)
+    if kind == "judge" and getattr(reward_cfg, "judge", None) is not None:
+        return judge_identity(reward_cfg.judge)
+    if kind == "reward-model" and getattr(reward_cfg, "model", None):
+        return reward_model_identity(reward_cfg.model)
+    raise AuditError(f"--require-audit: reward.kind={kind} has no judge to audit (use it with reward.kind=judge "
+                     "or a reward model trained on pofe-labelled pairs)", ["no_judge"])
+
+
+def self_reward_identity(judge_cfg, model_name: str) -> dict[str, Any]:
+    """Self-rewarding's judge is the policy M_t itself, which changes every iteration: the
+    gate names the model the audit judged with (the starting model) and the judge template
+    (kind, template and its hash), and nothing that differs per iteration."""
+    ident = judge_identity(judge_cfg)
+    return {"kind": ident.get("kind"), "model": model_name, "template": ident.get("template"),
+            "template_hash": ident.get("template_hash")}
+
+
+def gate(report_path: str | Path | None, identity: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
     """The one call a CLI command makes for ``--require-audit`` (before any model loads):
-    nothing without a report; else :func:`require_audit` or exit 2 with its one-line reason."""
+    nothing without a report; else :func:`require_audit` for ``identity`` (a dict, or a
+    function computing it, e.g. from the label files) or exit 2 with its one-line reason."""
     if report_path is None:
         return
     try:
-        require_audit(report_path, judge_identity)
+        require_audit(report_path, identity() if callable(identity) else identity)
     except AuditError as e:
         from pofe.cli.common import fail
 
