@@ -66,7 +66,7 @@ from pofe.config import PofeConfig
 from pofe.data.calibration import CalibrationItem, load_calibration
 from pofe.evaluation.calibrate import calibration_report
 from pofe.evaluation.stats import fit_logistic, somers_d, spearman
-from pofe.evaluation.winrate import wilson_interval
+from pofe.evaluation.winrate import outcome_value, verdict, wilson_interval
 from pofe.judges.registry import JudgeConfig
 from pofe.records import Judgment
 
@@ -237,10 +237,8 @@ def _judge_all(judge, prompts: list[str], a: list[str], b: list[str], batch_size
 
 
 def _verdict(p: float | None) -> float | None:
-    """1 = A preferred, 0 = B preferred, 0.5 = an exact tie."""
-    if p is None:
-        return None
-    return 1.0 if p > 0.5 else 0.0 if p < 0.5 else 0.5
+    """1 = A preferred, 0 = B preferred, 0.5 = an exact tie (the win-rate module's verdict)."""
+    return None if p is None else outcome_value(verdict(p))
 
 
 def _mean(xs) -> float | None:
@@ -603,9 +601,9 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
               identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """Judge the calibration items (and contrast pairs); return the report dict.
 
-    ``identity`` is what the report vouches for (default: :func:`judge_identity` of
-    ``cfg.judge`` plus the built judge's id); ``require_audit`` compares it with the judge a
-    command is about to train on."""
+    ``identity`` is what the report vouches for (default: the judge's id only;
+    :func:`audit_from_config` adds :func:`judge_identity` of the config it built the judge
+    from); ``require_audit`` compares it with the judge a command is about to train on."""
     cfg = cfg or AuditConfig()
     judge = as_pairwise(judge)
     if not items:
@@ -633,7 +631,9 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     for it in items:
         sources[it.source] = sources.get(it.source, 0) + 1
     jid = getattr(judge, "id", cfg.judge.kind)
-    ident = dict(identity) if identity is not None else {"judge_id": jid, **judge_identity(cfg.judge)}
+    # A judge object passed in is only known by its id; audit_from_config, which builds the
+    # judge from cfg.judge, vouches for the whole config identity.
+    ident = dict(identity) if identity is not None else {"judge_id": jid}
     return {
         "judge": jid,
         "judge_identity": ident,
@@ -657,7 +657,10 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
         from pofe.judges.registry import build_judge
 
         judge = build_judge(cfg.judge)
-    report = run_audit(judge, items, cfg)
+        identity = {"judge_id": getattr(judge, "id", None), **judge_identity(cfg.judge)}
+    else:
+        identity = None
+    report = run_audit(judge, items, cfg, identity=identity)
     write_audit(report, cfg.output, cfg.html)
     return report
 

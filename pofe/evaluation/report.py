@@ -394,11 +394,14 @@ def _kl_flags(rows, key: str = "kl") -> list[str]:
     """Steps where the KL estimate jumps: above 3x the median of the previous 10 steps (and > 0.05)."""
     xs, ys = _series(rows, key)
     flags = []
+    jumping = False
     for i in range(3, len(ys)):
         prev = sorted(ys[max(0, i - 10):i])
         med = prev[len(prev) // 2]
-        if ys[i] > 0.05 and ys[i] > 3 * max(med, 1e-6):
+        jump = ys[i] > 0.05 and ys[i] > 3 * max(med, 1e-6)
+        if jump and not jumping:  # one flag per jump, not one per step that stays high
             flags.append(f"KL jump at step {xs[i]:g}: {ys[i]:.3g} vs a recent median of {med:.3g}")
+        jumping = jump
     return flags
 
 
@@ -719,7 +722,8 @@ def render_html(run: RunData, plots: list[Plot]) -> str:
         body = audit_html(run.audit)
         inner = body[body.index("<h1>"):body.rindex("</body>")]
         inner = re.sub(r"<figure>.*?</figure>", "", inner, flags=re.S)  # its plots are above, once
-        parts.append("<h2>Audit report</h2>" + inner.replace("<h1>", "<h3>").replace("</h1>", "</h3>"))
+        inner = inner.replace("<h2>", "<h3>").replace("</h2>", "</h3>").replace("<h1>", "<h3>").replace("</h1>", "</h3>")
+        parts.append("<h2>Audit report</h2>" + inner)
     if run.summary is not None:
         parts.append("<h2>summary.json</h2><pre>" + html.escape(json.dumps(run.summary, indent=2, default=str)) + "</pre>")
     if run.config_text is not None:
