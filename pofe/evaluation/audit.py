@@ -917,6 +917,37 @@ def format_audit(report: dict[str, Any]) -> str:
         f"  {'parse failures':<34}{m['parse_failures']:>10}   (orders {m['order_parse_failures']})",
         f"  {'p histogram (10 bins 0..1)':<34}{'':>10}   {m['p_histogram']['counts']}",
     ]
+    ci = m.get("ci95") or {}
+
+    def fci(key, value=None):
+        v = m.get(key) if value is None else value
+        lo, hi = ci.get(key) or (None, None)
+        return f"{f(v):>10}   [{f(lo)}, {f(hi)}]" if lo is not None else f"{f(v):>10}"
+
+    lines += ["", "  alpaca_eval / LLMBar columns (95% intervals: Wilson; kappa: bootstrap)"]
+    for label, key in (("bias (1 - modal agreement)", "bias"), ("variance across seeds", "variance"),
+                       ("P(prefers longer)", "p_prefers_longer"), ("P(prefers lists)", "p_prefers_lists"),
+                       ("P(prefers first)", "p_prefers_first"), ("accuracy, order A-B", "accuracy_order_ab"),
+                       ("accuracy, order B-A", "accuracy_order_ba"), ("both orders correct", "both_orders_correct"),
+                       ("positional agreement", "positional_agreement"), ("Cohen's kappa", "cohen_kappa")):
+        if key in m:
+            lines.append(f"  {label:<34}{fci(key)}")
+    hh = m.get("human_human") or {}
+    if hh.get("n_label_pairs"):
+        lines.append(f"  {'human-human agreement':<34}{f(hh['agreement']):>10}   [{f(hh['ci95'][0])}, {f(hh['ci95'][1])}]"
+                     f"   ({hh['n_pairs_multi']} pairs with 2+ labels)")
+    cal = m.get("calibration") or {}
+    if cal.get("ece") is not None:
+        held = cal.get("held_out") or {}
+        t = cal.get("temperature")
+        lines.append(f"  {'ECE / Brier':<34}{f(cal['ece']):>10}   / {f(cal['brier'])}"
+                     + (f"   fitted T = {t:.3f}" if t is not None else ""))
+        if held:
+            lines.append(f"  {'held-out ECE raw -> temperature':<34}{f(held['raw']['ece']):>10}   -> {f(held['temperature']['ece'])}"
+                         f"   (isotonic {f(held['isotonic']['ece'])}; 2-fold cross-fit)")
+    for pid, r in (m.get("by_principle") or {}).items():
+        lines.append(f"  {'principle ' + pid:<34}{f(r['agreement']):>10}   [{f(r['ci95'][0])}, {f(r['ci95'][1])}] n={r['n']}"
+                     + ("   FLAGGED: disagrees more than the others" if r["flagged"] else ""))
     for kind, c in (m.get("contrasts") or {}).items():
         lines.append(f"  {'contrast: ' + kind:<34}{f(c['mean_p_variant']):>10}   (P(variant better), n={c['n']})")
     lines += ["", "  checks:"]
