@@ -407,6 +407,14 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
     hits = [1.0 - abs(_verdict(p[i]) - human[i]) for i in lab]
     ci["agreement"] = _rate_ci(hits)
     ci["agreement_strict"] = _rate_ci([float(_verdict(p[i]) == human[i]) for i in lab])
+    ci["agreement_single_order"] = _rate_ci([1.0 - abs(_verdict(judgments[i].p_ab) - human[i]) for i in lab
+                                             if judgments[i].p_ab is not None])
+    ci["judge_tie_rate"] = _rate_ci([float(p[i] == 0.5) for i in range(n) if p[i] is not None])
+    hl_all = [i for i in range(n) if items[i].label != "tie"
+              and _length(items[i].response_a, length_unit) != _length(items[i].response_b, length_unit)]
+    ci["human_longer_preferred_rate"] = _rate_ci(
+        [float((_length(items[i].response_a, length_unit) > _length(items[i].response_b, length_unit)) == (items[i].label == "A"))
+         for i in hl_all])
 
     # LLMBar: accuracy of each order alone, both orders right, positional agreement, kappa.
     def order_hits(attr):
