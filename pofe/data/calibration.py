@@ -19,6 +19,8 @@ Adapters:
   agreement.
 * LLMBar (``input``/``output_1``/``output_2``/``label`` in {1, 2}, a JSON array): mapped
   as is (LLMBar's order is already mixed).
+* ``pofe annotate`` event logs (rows with ``event`` and ``annotator``): undo and skip events
+  resolved, ties kept, one item per (annotator, pair) -- see :func:`from_annotations`.
 
 A directory is searched for ``*.jsonl``, ``*.jsonl.gz`` and ``*.json`` files.
 """
@@ -98,6 +100,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def detect_format(record: dict[str, Any]) -> str:
     keys = set(record)
+    if {"event", "annotator"} <= keys:
+        return "pofe-annotate"
     if {"prompt", "response_a", "response_b", "label"} <= keys:
         return "pofe"
     if {"chosen", "rejected"} <= keys:
@@ -199,6 +203,8 @@ def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: i
             log.info("%s: skipped %d of %d pairs (different dialogue or identical replies)", path, skipped, len(rows))
     elif fmt == "llmbar":
         items = from_llmbar(rows, source)
+    elif fmt == "pofe-annotate":
+        items = from_annotations(rows, source)
     else:
         items = from_pofe(rows, source)
     if limit is not None and limit < len(items):
@@ -222,3 +228,71 @@ def write_calibration(items: Iterable[CalibrationItem], path: str | Path) -> Non
         for it in items:
             f.write(json.dumps({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
                                 "label": it.label, "id": it.id}, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------- pofe annotate
+
+ANNOTATION_EVENTS = ("open", "label", "skip", "undo")
+
+
+def resolve_annotation_events(rows: Iterable[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """The decisions (``label`` and ``skip`` events) of a ``pofe annotate`` log that still
+    stand once every ``undo`` is applied, in the order they were given.
+
+    The log is append-only (nothing is ever edited, so a closed tab or a crash loses nothing):
+    ``undo`` withdraws its annotator's standing decision on its pair, and a second decision on
+    the same (annotator, pair) replaces the first. ``open`` events (one per server start) only
+    carry provenance. This is the one place the log is interpreted: the annotate server
+    rebuilds its state with it, and :func:`from_annotations` reads calibration items with it.
+    Errors name the source and line (the server writes no blank lines).
+    """
+    stacks: dict[str, list[dict[str, Any]]] = {}
+    order = 0
+    for i, r in enumerate(rows):
+        where = f"{source}:{i + 1}"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where}: expected a JSON object (a pofe annotate event)")
+        ev, who = r.get("event"), r.get("annotator")
+        if ev not in ANNOTATION_EVENTS:
+            raise ValueError(f"{where}: unknown event {ev!r} (expected one of {', '.join(ANNOTATION_EVENTS)})")
+        if not isinstance(who, str) or not who:
+            raise ValueError(f"{where}: 'annotator' must be a non-empty string")
+        if ev == "open":
+            continue
+        pid = r.get("pair_id")
+        if not isinstance(pid, str) or not pid:
+            raise ValueError(f"{where}: '{ev}' event without a 'pair_id' string")
+        stack = stacks.setdefault(who, [])
+        if ev == "undo":
+            # Each (annotator, pair) has at most one standing decision, so naming the pair is
+            # unambiguous; the server undoes its session's latest one (a session over another
+            # file or subset can have later decisions on pairs it does not show).
+            hit = [k for k, d in enumerate(stack) if d["pair_id"] == pid]
+            if not hit:
+                raise ValueError(f"{where}: undo of pair {pid!r} by {who!r}, who has no standing decision on it")
+            del stack[hit[0]]
+            continue
+        if ev == "label":
+            for key in ("prompt", "response_a", "response_b"):
+                if not isinstance(r.get(key), str):
+                    raise ValueError(f"{where}: label event without a '{key}' string")
+            normalise_label(r.get("label"), where)
+        stack[:] = [d for d in stack if d["pair_id"] != pid]
+        order += 1
+        stack.append({**r, "_order": order})
+    standing = sorted((d for s in stacks.values() for d in s), key=lambda d: d["_order"])
+    return [{k: v for k, v in d.items() if k != "_order"} for d in standing]
+
+
+def from_annotations(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
+    """Calibration items from a ``pofe annotate`` log: one per standing ``label`` of each
+    (annotator, pair); skipped and undone pairs give none, a tie stays a tie.
+
+    ``response_a``/``response_b`` are the pair's own order, the same for every annotator
+    (the page shows them in a per-annotator random order and maps the key pressed back), so
+    two annotators' labels of one pair compare directly: items share ``id`` (the pair id) and
+    differ in ``source`` (``annotator@file``), which is how human-human agreement is found.
+    """
+    return [CalibrationItem(d["prompt"], d["response_a"], d["response_b"], normalise_label(d["label"], source),
+                            f"{d['annotator']}@{source}", d["pair_id"])
+            for d in resolve_annotation_events(rows, source) if d["event"] == "label"]
