@@ -137,3 +137,26 @@ def test_audit_writes_json_and_html_with_the_calibration_map(tmp_path):
     cmap = load_calibration_map(tmp_path / "audit.json")
     assert cmap["method"] == "temperature" and cmap["temperature"] > 0
     assert json.loads((tmp_path / "audit.json").read_text())["calibration"]["sha256"] == rep["calibration"]["sha256"]
+
+
+def test_audit_of_a_pofe_annotate_file_measures_human_human_agreement(tmp_path):
+    from pofe.evaluation.audit import audit_from_config
+
+    pairs = [("q1", "short", "a much longer answer"), ("q2", "tiny", "another long answer here"), ("q3", "x", "yy")]
+    rows = []
+    for who, labels in (("alice", "BBA"), ("bob", "BAA")):
+        rows.append({"event": "open", "annotator": who})
+        for (q, a, b), lab in zip(pairs, labels):
+            rows.append({"event": "label", "annotator": who, "pair_id": q, "prompt": q, "response_a": a,
+                         "response_b": b, "label": lab})
+    f = tmp_path / "calibration.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = audit_from_config(AuditConfig(calibration=[str(f)], judge={"kind": "length", "prefer": "longer"},
+                                        contrasts=False, output=str(tmp_path / "audit.json")))
+    hh = rep["metrics"]["human_human"]
+    # alice and bob agree on q1 and q3, not on q2: 2 of 3.
+    assert (hh["n_pairs_multi"], hh["n_label_pairs"]) == (3, 3) and hh["agreement"] == pytest.approx(2 / 3)
+    # The longer-preferring judge picks B on q1, q2, q3: alice B B A -> 2/3, bob B A A -> 1/3.
+    assert rep["metrics"]["agreement"] == pytest.approx(0.5)
+    assert rep["judge_identity"]["kind"] == "length" and rep["judge_identity"]["prefer"] == "longer"
+    assert (tmp_path / "audit.html").exists()
