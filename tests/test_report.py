@@ -155,14 +155,19 @@ def test_report_online_win_rate_has_n_and_interval_and_samples_and_kl_flag(tmp_p
 def test_report_self_reward_head_to_head_with_intervals(tmp_path):
     d = tmp_path / "sr"
     for t in (1, 2):
-        m = {"iteration": t, "mean_score": 3.0 + t, "rm_metrics": {"five_best_share": 0.7 if t == 2 else 0.1},
+        m = {"iteration": t, "mean_score": 3.0 + t,
              "head_to_head_vs_prev": {"wins": 5, "ties": 2, "losses": 3, "n": 10, "win_rate_adjusted": 0.6}}
         (d / f"iter_{t}").mkdir(parents=True)
         (d / f"iter_{t}" / "metrics.json").write_text(json.dumps(m))
+    _jsonl(d / "iter_2" / "data" / "candidates.jsonl",
+           [{"index": i, "prompt": f"p{i}", "responses": ["meh", "great answer", "ok", "fine"], "scores": [5, 5, 5, 4 + i]}
+            for i in range(2)])
     res = write_report(d)
-    assert res["kind"] == "self-reward" and res["plots"] == ["head_to_head", "iterations"]
+    assert res["kind"] == "self-reward" and res["plots"] == ["head_to_head", "scores", "iterations"]
     page = _check_report(res)
-    assert "iter_2: 70% of responses scored the top score" in page
+    # 7 of 8 candidates scored 5.
+    assert "iter_2: 88% of self-judged candidates got the top score (5): judge collapse" in page
+    assert "lowest-scored (4) vs highest-scored (5)" in page
 
 
 def test_report_label_run(tmp_path):

@@ -54,6 +54,7 @@ class RunData:
     eval_rows: list[dict[str, Any]] = field(default_factory=list)  # pofe online: the last eval/step-N.jsonl
     eval_step: int | None = None
     audit: dict[str, Any] | None = None  # pofe audit: audit.json
+    candidates: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)  # self-reward iter_t/data/candidates.jsonl
     kind: str = "unknown"
 
 
@@ -162,6 +163,8 @@ def load_run(run_dir: str | Path) -> RunData:
             m = _read_json(f)
             if m is not None:
                 run.iterations.append((it.name, m))
+        if (it / "data" / "candidates.jsonl").exists():
+            run.candidates.append((it.name, _read_jsonl(it / "data" / "candidates.jsonl")))
     run.kind = detect_kind(run)
     return run
 
@@ -500,6 +503,15 @@ def _self_reward_plots(run: RunData, add) -> None:
             "Tie-adjusted win rate of M_t over M_(t-1), both orders (a disagreement is a tie), Wilson 95% bars.",
             _rate_points("M_t vs M_(t-1) (Wilson 95%)", xs, counts, "iteration", "(W + T/2) / N", bar=True,
                          labels=[x.replace("iter_", "M") for x in xs]))
+    scores = [(n, [float(x) for r in rows for x in (r.get("scores") or []) if _num(x) is not None])
+              for n, rows in run.candidates]
+    scores = [(n, v) for n, v in scores if v]
+    if scores:
+        add("scores", "Judge scores per iteration",
+            "Distribution of the rubric scores M_(t-1) gave its own candidates (iter_t/data/candidates.jsonl); a pile "
+            "at the top score is judge collapse, not quality.",
+            _hist_png([v for _, v in scores], "Self-judged candidate scores", "score", bins=10,
+                      labels=[n.replace("iter_", "M") + " judging" for n, _ in scores]))
     ib = _iteration_bars(run)
     if ib:
         add("iterations", "Self-reward iterations", f"Per-iteration metrics ({ib[1]}).", ib[0])
@@ -564,8 +576,11 @@ def _rl_plots(run: RunData, add) -> None:
         _line(rows, [("reward", "reward"), ("monitor", "monitor")], "Reward per step", "reward"))
     add("kl", "KL to the reference", "k1 and k3 estimates of KL(policy || reference) per step; jumps are flagged above.",
         _line(rows, [("kl", "KL (k1)"), ("kl_k3", "KL (k3)")], "KL to the reference", "nats"))
+    rw = run.config.get("reward") if isinstance(run.config.get("reward"), dict) else {}
+    unit = (rw.get("unit", "tokens") if rw.get("kind", "programmatic") == "programmatic"
+            else "characters of text (the judge / reward model reads the response)") if run.config else "not recorded"
     add("length", "Response length", "Mean sampled response length per step in tokens (the policy's own unit; the "
-        f"reward measured length in: {((run.config.get('reward') or {}).get('unit', 'n/a'))}).",
+        f"reward measured length in: {unit}).",
         _line(rows, [("length", "tokens")], "Mean response length", "tokens"))
     sm = run.summary or {}
     b, a = sm.get("eval_before") or {}, sm.get("eval_after") or {}
@@ -634,10 +649,12 @@ def flags(run: RunData) -> list[str]:
     tops = [(s, v) for s, v in tops if _num(v) is not None]
     if tops and tops[-1][1] >= 0.5:
         out.append(f"judge scores at the top of the scale: {tops[-1][1]:.0%} of samples at step {tops[-1][0]}")
-    for n, m in run.iterations:
-        rm = m.get("rm_metrics") or {}
-        if _num(rm.get("five_best_share")) is not None and rm["five_best_share"] >= 0.5:
-            out.append(f"{n}: {rm['five_best_share']:.0%} of responses scored the top score (5)")
+    for n, rows in run.candidates:
+        sc = [float(x) for r in rows for x in (r.get("scores") or []) if _num(x) is not None]
+        if len(sc) >= 4:
+            top = sum(x >= max(sc) for x in sc) / len(sc) if max(sc) >= 5 else 0.0
+            if top >= 0.5:
+                out.append(f"{n}: {top:.0%} of self-judged candidates got the top score ({max(sc):g}): judge collapse")
     ps = run.ledger_p
     if len(ps) >= 10:
         extreme = sum(p <= 0.05 or p >= 0.95 for p in ps) / len(ps)
@@ -657,6 +674,14 @@ def samples(run: RunData, k: int = 3) -> list[dict[str, str]]:
         for r in run.revisions[:k]:
             out.append({"prompt": str(r.get("prompt", "")), "before": str(r.get("original", "")),
                         "after": str(r.get("final", "")), "note": f"critique-revision ({r.get('set', '')})"})
+    elif run.candidates:  # self-reward: the best and worst self-judged candidate of a few prompts, last iteration
+        name, rows = run.candidates[-1]
+        for r in rows[:k]:
+            sc = [(x, y) for x, y in zip(r.get("scores") or [], r.get("responses") or []) if _num(x) is not None]
+            if len(sc) >= 2:
+                hi, lo = max(sc, key=lambda t: t[0]), min(sc, key=lambda t: t[0])
+                out.append({"prompt": str(r.get("prompt", "")), "before": str(lo[1]), "after": str(hi[1]),
+                            "note": f"{name}: lowest-scored ({lo[0]:g}) vs highest-scored ({hi[0]:g}) candidate"})
     elif run.labels:
         for r in run.labels[:k]:
             p = _num(r.get("p"))
@@ -712,12 +737,15 @@ def render_html(run: RunData, plots: list[Plot]) -> str:
                      f"<figcaption>{html.escape(p.caption)} ({p.name}.png)</figcaption></figure>")
     smp = samples(run)
     if smp:
-        heads = ("before", "after") if run.kind != "label" else ("response A", "response B")
+        heads = {"label": ("response A", "response B"),
+                 "self-reward": ("lowest-scored", "highest-scored")}.get(run.kind, ("before", "after"))
         parts.append(f"<h2>Sample generations</h2><table><tr><th>prompt</th><th>{heads[0]}</th><th>{heads[1]}</th></tr>")
         for s_ in smp:
             parts.append("<tr>" + "".join(f"<td>{html.escape(s_[k][:600])}</td>" for k in ("prompt", "before", "after"))
                          + f"</tr><tr><td colspan='3'><i>{html.escape(s_['note'])}</i></td></tr>")
         parts.append("</table>")
+    elif run.kind in ("rl", "rm"):
+        parts.append("<p><i>No sample generations: this command does not write any to its run folder.</i></p>")
     if run.audit is not None:
         body = audit_html(run.audit)
         inner = body[body.index("<h1>"):body.rindex("</body>")]
