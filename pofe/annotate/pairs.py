@@ -67,10 +67,10 @@ def subset(pairs: list[AnnotationPair], limit: int | None, seed: int = 0) -> lis
 
 
 def _rows(path: Path):
-    # The one call into the data layer's row reader (the lead switches this at merge).
-    from pofe.data.prompts import load_rows
+    # The one call into the data layer's row reader (strict: a bad row anywhere is located).
+    from pofe.data.io import read_located
 
-    yield from load_rows(path)
+    yield from read_located(path)
 
 
 def _pair_from_row(row: Any, where: str) -> tuple[str, str, str, bool] | str:
@@ -84,7 +84,7 @@ def _pair_from_row(row: Any, where: str) -> tuple[str, str, str, bool] | str:
             if not isinstance(row.get(key), str):
                 raise DataError(f"{where}: field {key!r} must be a string (fields: {sorted(row)})")
         return row["prompt"], row["response_a"], row["response_b"], False
-    from pofe.data.preferences import _pair_from_row as preference_from_row
+    from pofe.data.preferences import to_pair as preference_from_row
 
     pair = preference_from_row(row, where)
     if isinstance(pair, str):

@@ -61,7 +61,7 @@ class CaiReviseConfig(PofeConfig):
     model: ModelConfig = ModelConfig()
     """The helpful model to critique and revise with (it also writes the first response); LoRA does not apply."""
     prompts: str = "advbench"
-    """Red-team prompts: a file or advbench, xstest:unsafe, hh-rlhf:harmless (see pofe.loops.rlaif_data)."""
+    """Red-team prompts: a file or advbench, xstest:unsafe, hh-rlhf:harmless (see pofe.data.io)."""
     max_prompts: int | None = Field(32, ge=1)
     """Use at most this many red-team prompts (null: all)."""
     constitution: str = "hhh"
@@ -153,7 +153,8 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     """Setup -> critique/revise loop -> save. Returns the summary (also in ``summary.json``).
 
     ``resume``: a run folder to continue after its last complete chunk (``cfg`` is its saved config)."""
-    from pofe.loops.rlaif_data import load_prompts, load_sft_examples
+    from pofe.data.prompts import load_prompt_texts as load_prompts
+    from pofe.data.sft import load_examples
     from pofe.training import seed_everything
     from pofe.training.resume import rewind_metrics
 
@@ -229,7 +230,8 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     helpful_rows = []
     if cfg.helpful_data and cfg.helpful_ratio > 0:
         want = round(len(cai_rows) * cfg.helpful_ratio / (1 - cfg.helpful_ratio))
-        helpful_rows = [{**r, "source": "helpful"} for r in load_sft_examples(cfg.helpful_data, limit=max(4 * want, want))]
+        helpful_rows = [{"prompt": e.prompt if isinstance(e.prompt, str) else list(e.prompt), "response": e.response,
+                         "source": "helpful"} for e in load_examples(cfg.helpful_data, limit=max(4 * want, want))]
     sft = mix_sft(cai_rows, helpful_rows, cfg.helpful_ratio if helpful_rows else 0.0, seed=cfg.seed)
     atomic_write_text(run_dir / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sft))
     pairs = preference_pairs(traces, constitution)

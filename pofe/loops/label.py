@@ -207,17 +207,10 @@ def sample_pairs(model, tokenizer, prompts: Sequence[str], sampling: SamplingCon
 
 
 def read_pairs(path: str | Path) -> list[tuple[str, str, str]]:
-    from pofe.runs import read_jsonl
+    """Pairs to label, read strictly by the data layer (a bad row anywhere is a located error)."""
+    from pofe.data.preferences import load_unlabelled_pairs
 
-    out = []
-    for i, r in enumerate(read_jsonl(path)):
-        a = r.get("response_a", r.get("chosen"))
-        b = r.get("response_b", r.get("rejected"))
-        if a is None or b is None or "prompt" not in r:
-            raise ValueError(f"{path}: row {i + 1}: needs prompt and response_a/response_b (or chosen/rejected), "
-                             f"got keys {sorted(r)}")
-        out.append((r["prompt"], a, b))
-    return out
+    return load_unlabelled_pairs(path)
 
 
 def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -> dict[str, Any]:
@@ -240,7 +233,7 @@ def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=Non
     if cfg.pairs:
         pairs = read_pairs(cfg.pairs)[: cfg.max_prompts]
     else:
-        from pofe.loops.rlaif_data import load_prompts
+        from pofe.data.prompts import load_prompt_texts as load_prompts
 
         prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
         if policy is None:

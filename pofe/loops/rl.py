@@ -282,7 +282,7 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
     """Setup -> RL loop -> save (``<run>/final``). Returns the summary (also ``summary.json``).
 
     ``resume``: a run folder to continue from its latest checkpoint (``cfg`` is its saved config)."""
-    from pofe.loops.rlaif_data import load_prompts
+    from pofe.data.prompts import load_prompt_texts as load_prompts
     from pofe.training import (
         Reference,
         latest_checkpoint,

@@ -141,7 +141,7 @@ def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int |
 
 
 def load_data(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair], dict[str, int]]:
-    from pofe.loops.rlaif_data import load_pairs
+    from pofe.data.preferences import load_pairs
 
     if not cfg.data.train:
         raise ValueError("rm: data.train is empty; give at least one pair source (e.g. runs/label-*/preferences.jsonl)")
