@@ -152,6 +152,18 @@ def test_hard_label_mode_thresholds(tmp_path, tiny_model_dir):
     assert s["labels"] == "hard" and s["eval"] is None and s["steps"] == 1
 
 
+def test_conversational_pairs_keep_system_message_and_turns(tokenizer):
+    from pofe.training.reward_model import pair_prompt, rm_text
+
+    msgs = ({"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a fruit."})
+    q = PreferencePair(prompt="transcript", chosen="Apple.", rejected="Rock.", messages=msgs)
+    text = rm_text(tokenizer, pair_prompt(q), q.chosen)
+    assert all(m["content"] in text for m in msgs) and text.rstrip().endswith(("Apple.", "Apple.<|im_end|>"))
+    assert "transcript" not in text
+    assert rm_text(tokenizer, "Name a fruit.", "Apple.") == rm_text(tokenizer, [{"role": "user", "content": "Name a fruit."}], "Apple.")
+
+
 def test_batch_schedule_epochs_steps_and_determinism():
     s = batch_schedule(5, 2, 2, seed=3)
     assert len(s) == 6 and sorted(i for b in s[:3] for i in b) == [0, 1, 2, 3, 4]  # each epoch covers every pair once

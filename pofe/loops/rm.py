@@ -42,7 +42,7 @@ from pofe.records import PreferencePair
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.resume import CheckpointConfig
-from pofe.training.reward_model import evaluate_reward_model, load_reward_model, rewards, wrap_reward_model
+from pofe.training.reward_model import evaluate_reward_model, load_reward_model, pair_prompt, rewards, wrap_reward_model
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def load_data(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair]
 def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg: RMConfig, optimizer, scheduler, loss_fn) -> dict[str, Any]:
     """One optimiser step of the soft Bradley-Terry loss; TRL's metric names."""
     t0 = time.perf_counter()
-    r = rewards(model, tokenizer, [q.prompt for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
+    r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
                 max_length=cfg.max_length)
     margin = r[: len(batch)] - r[len(batch):]
     p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)

@@ -19,16 +19,23 @@ from pofe.records import PreferencePair
 from pofe.training import ModelConfig
 
 
-def rm_text(tokenizer, prompt: str, response: str) -> str:
+def rm_text(tokenizer, prompt: str | Sequence[dict[str, str]], response: str) -> str:
     """How a (prompt, response) is shown to the reward model: the chat template with the
-    response as the assistant turn. The ``reward-model`` judge and ``pofe rl`` use this too."""
+    response as the assistant turn after the prompt's turns (a conversation keeps its system
+    message and earlier turns)."""
     from pofe.models import apply_chat_template
 
-    return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
-                               add_generation_prompt=False)
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    return apply_chat_template(tokenizer, turns + [{"role": "assistant", "content": response}], add_generation_prompt=False)
 
 
-def rewards(model, tokenizer, prompts: Sequence[str], responses: Sequence[str], *, max_length: int = 512) -> torch.Tensor:
+def pair_prompt(q: PreferencePair) -> str | list[dict[str, str]]:
+    """The prompt of a pair as the reward model reads it: its messages when it came as a conversation."""
+    return [dict(m) for m in q.messages] if q.messages else q.prompt
+
+
+def rewards(model, tokenizer, prompts: Sequence[str | Sequence[dict[str, str]]], responses: Sequence[str], *,
+            max_length: int = 512) -> torch.Tensor:
     """(B,) rewards: the score head at the last non-padding token (transformers' sequence-
     classification pooling, which finds the rightmost non-pad token, so padding side and a
     trailing EOS do not matter as long as training and inference render the same way)."""
@@ -46,7 +53,7 @@ def rewards(model, tokenizer, prompts: Sequence[str], responses: Sequence[str], 
 
 def pair_margins(model, tokenizer, pairs: Sequence[PreferencePair], *, max_length: int = 512) -> torch.Tensor:
     """Δr = r(x, chosen) − r(x, rejected) for a batch of pairs (one forward for both sides)."""
-    r = rewards(model, tokenizer, [q.prompt for q in pairs] * 2, [q.chosen for q in pairs] + [q.rejected for q in pairs],
+    r = rewards(model, tokenizer, [pair_prompt(q) for q in pairs] * 2, [q.chosen for q in pairs] + [q.rejected for q in pairs],
                 max_length=max_length)
     return r[: len(pairs)] - r[len(pairs):]
 
