@@ -202,6 +202,12 @@ def test_partial_overrides_keep_the_command_defaults():
 
     assert load_config(RMConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
     assert load_config(RLConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
+    rl = load_config(RLConfig, None, ["sampling.top_p=0.9"]).sampling
+    assert (rl.temperature, rl.max_new_tokens) == (1.0, 48)
+    from pofe.loops.cai_revise import CaiReviseConfig
+
+    cai = load_config(CaiReviseConfig, None, ["sampling.top_p=0.9", "critique_sampling.top_p=0.8"])
+    assert (cai.sampling.max_new_tokens, cai.sampling.temperature, cai.critique_sampling.max_new_tokens) == (96, 0.7, 64)
 
 
 def test_cli_commands_config_handling_and_a_label_run(tmp_path):
