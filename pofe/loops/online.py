@@ -60,7 +60,8 @@ from pofe.losses import DEFAULT_BETA, get_loss
 from pofe.models import apply_chat_template, resolve_model_path
 from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
-from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint, load_policy,
+from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, final_complete, latest_checkpoint,
+                           load_checkpoint, load_policy,
                            make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
                            seed_everything)
 from pofe.loops.dap import TokenPair, dap_backward
@@ -565,6 +566,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                                normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward,
                                no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, device=acc.device)
+            for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
+                check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
             t_opt = time.perf_counter()
             if cfg.optim.grad_clip:
                 grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
@@ -613,7 +616,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     bar.close()
     final_dir = run_dir / "final"
     if main:
-        if step > start or not final_dir.exists():
+        if step > start or not final_complete(final_dir):  # a torn final/ is rewritten from the checkpoint
             save_final(acc.unwrap_model(ddp_policy), tok, final_dir)
         sink.close()
         if ledger is not None:

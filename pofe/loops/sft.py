@@ -33,6 +33,7 @@ from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, re
 from pofe.training import (
     ModelConfig,
     OptimConfig,
+    check_finite,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -274,6 +275,7 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
             if cfg.optim.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), cfg.optim.grad_clip)
             lr = optimizer.param_groups[0]["lr"]
+            check_finite(total_nll, step=step + 1, detail=f"examples {idx}")
             optimizer.step()
             scheduler.step()
             loss = total_nll / n_tok
