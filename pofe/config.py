@@ -181,5 +181,5 @@ def _commented(cfg: BaseModel, indent: int) -> Iterable[str]:
             yield f"{pad}{name}:\n"
             yield from _commented(value, indent + 2)
         else:
-            text = yaml.safe_dump({name: data[name]}, sort_keys=False, default_flow_style=None)
+            text = yaml.safe_dump({name: data[name]}, sort_keys=False)
             yield "".join(f"{pad}{line}\n" for line in text.splitlines())
