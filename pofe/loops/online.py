@@ -59,7 +59,7 @@ from pofe.judges.registry import JudgeConfig, build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
 from pofe.models import apply_chat_template, resolve_model_path
 from pofe.records import Completion, Judgment, Prompt
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, open_run, read_jsonl, write_config
 from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, final_complete, latest_checkpoint,
                            load_checkpoint, load_policy,
                            make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
@@ -465,7 +465,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     acc = _accelerator(cfg)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     if resume is not None:
-        run_dir = Path(resume)
+        run_dir = open_run(cfg.run, "online", resume=resume)  # refused while another process holds it
     else:
         run_dir = _gather(acc, str(new_run_dir(cfg.run, "online")) if main else None)[0]
         run_dir = Path(run_dir)
