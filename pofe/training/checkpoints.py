@@ -1,6 +1,6 @@
 """Checkpoints with everything an exact resume needs, and the final model -- with no pickle.
 
-Why no ``torch.load(weights_only=False)``: unpickling runs code, and a run folder is data
+Why no ``torch.load`` of pickles (``weights_only`` off): unpickling runs code, and a run folder is data
 that may come from anyone (issue 14, defect 9: a planted ``trainer_state.pt`` was executed on
 ``--resume``). Tensors (weights, optimiser moments, RNG states) go to safetensors, everything
 else (step, loop state, optimiser hyper-parameters, scheduler, Python/NumPy RNG scalars) to
