@@ -89,10 +89,7 @@ def lock_run(run_dir: str | Path) -> None:
     if key in _HELD:
         return
     path = run_dir / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise RunError(f"{run_dir}: cannot create the run lock {path} ({e.strerror})") from None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -121,10 +118,7 @@ def new_run_dir(run: RunConfig, command: str) -> Path:
     ``<name>-2``, ``<name>-3``, ...; never one that already exists)."""
     base = Path(run.output_dir)
     name = run.name or f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunError(f"run.output_dir {str(base)!r}: cannot create it ({e.strerror})") from None
+    base.mkdir(parents=True, exist_ok=True)  # OSError (read-only, full, permission): the CLI says so in one line
     root = base.resolve()
     for k in range(1, 10_000):
         candidate = base / (name if k == 1 else f"{name}-{k}")
@@ -134,8 +128,6 @@ def new_run_dir(run: RunConfig, command: str) -> Path:
             candidate.mkdir()  # the atomic claim: exactly one process succeeds per name
         except FileExistsError:
             continue
-        except OSError as e:
-            raise RunError(f"{candidate}: cannot create the run folder ({e.strerror})") from None
         lock_run(candidate)
         return candidate
     raise RunError(f"run.name {name!r}: {name}-2 ... {name}-9999 are all taken in {base}")

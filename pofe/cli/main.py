@@ -109,6 +109,11 @@ def describe_error(e: BaseException) -> tuple[int, str]:
         if e.errno in _OS_ENVIRONMENT:
             return 1, f"{_OS_ENVIRONMENT[e.errno]}{where}"
         return 1, f"{e.strerror or type(e).__name__}{where}"
+    text = str(e)
+    for needle, what in (("No space left on device", "no space left on device (disk full)"),
+                         ("Read-only file system", "read-only file system")):
+        if needle in text:  # e.g. safetensors' SafetensorError carries the OS error only in its text
+            return 1, f"{what}: {_one_line(text)}"
     if type(e).__name__ == "OutOfMemoryError" or isinstance(e, MemoryError):
         return 1, f"out of memory: {_one_line(e) or type(e).__name__} (smaller batch_size / max_new_tokens, or LoRA)"
     if isinstance(e, (ValueError, NotImplementedError)) and _raised_in_pofe(e):

@@ -25,7 +25,19 @@ def pofe(*args: str, timeout: float = 300, prefix: tuple[str, ...] = (), **extra
 
 
 def error_lines(res: subprocess.CompletedProcess) -> list[str]:
-    """Non-empty stderr lines that are not log lines (``HH:MM:SS LEVEL name: ...``)."""
+    """Non-empty stderr lines that are not log lines (``HH:MM:SS LEVEL name: ...``) or progress bars."""
     import re
 
-    return [ln for ln in res.stderr.splitlines() if ln.strip() and not re.match(r"^\d\d:\d\d:\d\d \w+ ", ln)]
+    return [ln for ln in res.stderr.splitlines()
+            if ln.strip() and not re.match(r"^\d\d:\d\d:\d\d \w+ ", ln) and not re.search(r"\d+%\|", ln)]
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess:
+    """``pofe`` in-process (same top-level handler as the entry point, without a subprocess's
+    start-up cost); returns a CompletedProcess-like result."""
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    res = CliRunner().invoke(app, list(args))
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)

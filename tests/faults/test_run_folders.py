@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import error_lines, pofe
+from _cli import error_lines, invoke, pofe
 from pofe.runs import RunConfig, RunError, lock_run, new_run_dir, open_run, release_run, write_config
 
 pytestmark = pytest.mark.faults
@@ -119,7 +119,7 @@ def test_run_name_cannot_escape_the_output_dir(tmp_path, name):
     """Probe: ``run.name=../..`` wrote outside the output folder on main. Exit 2, one line naming
     run.name, nothing created outside."""
     out = tmp_path / "out"
-    res = pofe("online", "--set", f"run.output_dir={out}", "--set", f"run.name={name}", "--print-config", timeout=120)
+    res = invoke("online", "--set", f"run.output_dir={out}", "--set", f"run.name={name}", "--print-config")
     assert res.returncode == 2, res.stdout[-500:] + res.stderr[-1500:]
     lines = error_lines(res)
     assert len(lines) == 1 and "run.name" in lines[0]
