@@ -34,6 +34,7 @@ from pofe.training import (
     ModelConfig,
     OptimConfig,
     check_finite,
+    fault_point,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -285,10 +286,12 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
             if done % cfg.log_every == 0 or done == total or done == start + 1:
                 metrics.write({"step": done, "loss": loss, "lr": lr, "tokens": n_tok,
                                "eft_share": sum(t.source == "eft" for t in items) / len(items)})
+            fault_point(f"{done}:after_step")  # crash/resume suite: metrics written, no checkpoint yet
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{done}", model=policy, optimizer=optimizer,
                                 scheduler=scheduler, step=done)
                 prune_checkpoints(run_dir, cfg.keep_checkpoints)
+                fault_point(f"{done}:after_checkpoint")  # crash/resume suite (POFE_FAULT)
 
     # --- save
     policy.eval()
