@@ -1,6 +1,7 @@
 """CLI smoke tests: --help lists only working commands, --version, chat on a tiny local model."""
 
 import json
+from pathlib import Path
 
 import typer
 from typer.testing import CliRunner
@@ -51,3 +52,51 @@ def test_chat_on_tiny_local_model(tiny_model_dir):
     out = json.loads(res.output[res.output.index("{"):])
     assert out["responses"][0]["prompt"] == "Hello"
     assert out["responses"][0]["tokens"] <= 4
+
+
+def _fresh_modules(*argv: str) -> set[str]:
+    """Modules imported by ``pofe <argv>`` in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.argv = ['pofe', *sys.argv[1:]]\nimport pofe.cli.main as m\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    pass\nprint('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    return set(r.stderr.split())
+
+
+def test_version_and_help_start_without_torch_or_transformers():
+    """``pofe --version`` / ``--help`` import neither torch nor transformers (counted modules,
+    not seconds: 1680 modules incl. torch, scipy, transformers' deps on main)."""
+    for argv in (["--version"], ["--help"]):
+        mods = _fresh_modules(*argv)
+        assert "pofe.cli.main" in mods
+        heavy = {m for m in mods if m.split(".")[0] in ("torch", "transformers", "scipy", "numpy", "peft", "accelerate")}
+        assert heavy == set(), (argv, sorted(heavy)[:5])
+        assert len(mods) < 500, (argv, len(mods))
+
+
+def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
+    """Issue 11 point 5: a 2-process ``torchrun`` of ``pofe sft`` made two run folders on main.
+    Both processes must exit 2 with one line, and nothing is created."""
+    import os
+    import subprocess
+    import sys
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text('{"prompt": "q?", "response": "a."}\n')
+    out = tmp_path / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "pofe", "sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0
+    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe sft does not run data-parallel")]
+    assert len(refusals) == 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_world_size_refusal_in_process(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = runner.invoke(app, ["chat", "hi"])
+    assert res.exit_code == 2 and "pofe chat does not run data-parallel" in res.stderr

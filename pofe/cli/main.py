@@ -39,6 +39,12 @@ COMMAND_MODULES = [
 
 _state = {"verbose": False}
 
+# Commands that run data-parallel under torchrun / accelerate launch (issue 11 point 5). Every
+# other command refuses WORLD_SIZE > 1 with one line instead of running N independent copies
+# (two run folders from a 2-process ``pofe sft``). A command joins this set once its loop
+# shards data and all-reduces gradients, with a test.
+DATA_PARALLEL_COMMANDS = {"online"}
+
 
 def present_commands() -> list[str]:
     """Module names of the commands that exist (found without importing them)."""
@@ -152,7 +158,7 @@ class LazyGroup(TyperGroup):
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
         try:
-            return super().resolve_command(ctx, args)
+            name, cmd, rest = super().resolve_command(ctx, args)
         except click.UsageError as e:
             from difflib import get_close_matches
 
@@ -160,6 +166,11 @@ class LazyGroup(TyperGroup):
             if matches and "Did you mean" not in e.message:
                 e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
             raise
+        if name is not None and name not in DATA_PARALLEL_COMMANDS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+            from pofe.training.guards import require_single_process
+
+            require_single_process(name)  # raises MultiProcessRefused -> exit 2, one line
+        return name, cmd, rest
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
