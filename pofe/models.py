@@ -18,7 +18,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 # torch is imported inside the functions that need it, so that ``pofe --help`` / ``--version``
 # (which import this module through the CLI's configs) start without loading torch.

@@ -153,7 +153,7 @@ def test_run_smoke_monitor_unscored_and_reload(tmp_path, tokenizer):
     s = run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer, reward_fn=CallableReward(f))
     rows = [json.loads(x) for x in open(f"{s['run_dir']}/metrics.jsonl")]
     assert rows[0]["unscored"] >= 1 and "monitor" in rows[0]
-    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.pt").exists()
+    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.json").exists()
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(s["model_dir"])

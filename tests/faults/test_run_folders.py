@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from _cli import error_lines, invoke, pofe
-from pofe.runs import RunConfig, RunError, lock_run, new_run_dir, open_run, release_run, write_config
+from pofe.runs import RunConfig, RunError, new_run_dir, open_run, write_config
 
 pytestmark = pytest.mark.faults
 
@@ -81,6 +81,8 @@ def test_resume_of_a_running_run_is_refused_naming_the_pid_then_stale_lock_taken
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
     assert (run_dir / ".lock").read_text().strip() == str(holder.pid)  # left behind by the dead process
+    from pofe.runs import release_run
+
     assert open_run(RunConfig(), "online", resume=run_dir) == run_dir
     assert (run_dir / ".lock").read_text().strip() == str(os.getpid())
     release_run(run_dir)
@@ -99,6 +101,8 @@ def test_cli_resume_of_a_running_run_exits_2_with_one_line(tmp_path):
 
 
 def test_lock_is_reentrant_in_one_process_and_released(tmp_path):
+    from pofe.runs import lock_run, release_run
+
     d = new_run_dir(RunConfig(output_dir=str(tmp_path), name="r"), "x")
     write_config(d, RunConfig())
     lock_run(d)  # the same process resuming its own run (in-process resume) is fine
