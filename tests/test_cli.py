@@ -100,3 +100,8 @@ def test_world_size_refusal_in_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     res = runner.invoke(app, ["chat", "hi"])
     assert res.exit_code == 2 and "pofe chat does not run data-parallel" in res.stderr
+
+
+def test_unknown_command_suggests_and_exits_2():
+    res = runner.invoke(app, ["onlne"])
+    assert res.exit_code == 2 and "Did you mean 'online'" in res.output

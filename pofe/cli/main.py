@@ -26,9 +26,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer import _click as click  # typer >= 0.20 vendors click; its groups and errors are these classes
+from typer.core import TyperCommand, TyperGroup
 
 from pofe import __version__
 
@@ -144,7 +144,7 @@ class LazyGroup(TyperGroup):
         if module not in present_commands():
             return None
         if self._listing:  # pofe --help: a stand-in carrying the short help, nothing imported
-            return click.Command(cmd_name, short_help=_short_help(module), help=_short_help(module))
+            return TyperCommand(cmd_name, short_help=_short_help(module), help=_short_help(module))
         if cmd_name not in self.commands:
             self.commands[cmd_name] = _load_command(module, cmd_name)
         return self.commands[cmd_name]
@@ -159,7 +159,7 @@ class LazyGroup(TyperGroup):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         try:
             name, cmd, rest = super().resolve_command(ctx, args)
-        except click.UsageError as e:
+        except click.exceptions.UsageError as e:
             from difflib import get_close_matches
 
             matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
@@ -175,7 +175,7 @@ class LazyGroup(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line
             code, message = describe_error(e)
