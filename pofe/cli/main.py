@@ -34,7 +34,8 @@ from pofe import __version__
 
 # Order = order in --help.
 COMMAND_MODULES = [
-    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "cache", "audit", "eval", "report", "sim", "chat",
+    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "cache", "annotate", "audit", "eval", "report",
+    "sim", "chat", "export",
 ]
 
 _state = {"verbose": False}

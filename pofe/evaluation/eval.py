@@ -20,7 +20,6 @@ on the slope keeps it finite when length separates the outcomes.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -164,52 +163,41 @@ class EvalConfig(PofeConfig):
     """Write per-pair rows (prompt, responses, p_ab, p_ba, outcome) to this JSONL file."""
 
 
-_PROMPT_KEYS = ("prompt", "instruction", "input", "text", "question")
 _RESPONSE_KEYS = ("response", "output", "completion", "answer", "generated")
 
 
-def _read_records(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        data = json.loads(text)
-        return data if isinstance(data, list) else [data]
-    if path.suffix == ".jsonl":
-        from pofe.runs import read_jsonl
-
-        return read_jsonl(path)
-    return [line for line in text.splitlines() if line.strip()]
-
-
-def _field(row: dict, keys: Sequence[str], path: Path, what: str) -> str:
-    for k in keys:
-        if k in row and isinstance(row[k], str):
-            return row[k]
-    raise ValueError(f"{path}: a row has no {what} field (looked for {', '.join(keys)}); keys: {sorted(row)}")
-
-
 def load_prompts(path: str | Path) -> list[str]:
-    """Prompts from .txt (one per line), .json (list) or .jsonl (objects or strings)."""
-    path = Path(path)
-    out = []
-    for r in _read_records(path):
-        out.append(r if isinstance(r, str) else _field(r, _PROMPT_KEYS, path, "prompt"))
-    return out
+    """Prompts from any source the data layer reads (:mod:`pofe.data.prompts`); a chat
+    prompt is its transcript, so two policies answer (and the judge reads) every turn."""
+    from pofe.data.prompts import load_prompt_texts
+
+    return load_prompt_texts(path)
 
 
 def load_responses(path: str | Path) -> dict[str, str]:
-    """prompt -> response from a .jsonl/.json file of {prompt, response} rows."""
-    path = Path(path)
+    """prompt -> response from a file of {prompt, response} rows (alpaca_eval outputs'
+    ``instruction``/``output`` too), read by the data layer; errors name the row."""
+    from pofe.data.io import DataError, read_located
+    from pofe.data.prompts import to_prompt
+
     out: dict[str, str] = {}
-    for r in _read_records(path):
-        if not isinstance(r, dict):
-            raise ValueError(f"{path}: expected JSON objects with prompt and response fields")
-        out[_field(r, _PROMPT_KEYS, path, "prompt")] = _field(r, _RESPONSE_KEYS, path, "response")
+    for where, r in read_located(path):
+        key = next((k for k in _RESPONSE_KEYS if k in r), None)
+        if key is None or not isinstance(r[key], str):
+            raise DataError(f"{where}: no response field (looked for {', '.join(_RESPONSE_KEYS)}); fields: {sorted(r)}")
+        out[to_prompt({k: v for k, v in r.items() if k != key}, where).text] = r[key]
     return out
 
 
 def is_responses_file(spec: str) -> bool:
+    """A responses table (a data file or a ``save_to_disk`` folder), not a model or run folder."""
+    from pofe.data.io import FILE_SUFFIXES
+
     p = Path(spec)
-    return p.is_file() and p.suffix in (".jsonl", ".json")
+    name = p.name[:-3] if p.name.endswith(".gz") else p.name
+    if p.is_dir():
+        return (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()
+    return p.is_file() and name.endswith(FILE_SUFFIXES) and not name.endswith(".txt")
 
 
 def resolve_policy_model(spec: str) -> str:
@@ -297,6 +285,9 @@ def judge_pairs(judge, prompts: list[str], resp_a: list[str], resp_b: list[str])
 
 def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
     """Generate where needed, judge both orders, and summarise (the ``--json`` object)."""
+    from pofe.data.io import check_output
+
+    check_output(cfg.output, [cfg.prompts, cfg.policy_a, cfg.policy_b])
     prompts, ra, rb = collect_responses(cfg, generator)
     if judge is None:
         from pofe.judges.registry import build_judge
