@@ -138,7 +138,8 @@ def test_check_finite():
             check_finite(bad, step=7, detail="pair p3")
 
 
-def test_checkpoint_roundtrip_restores_optimizer_scheduler_and_rng_exactly(tmp_path, tiny_model):
+@pytest.mark.parametrize("optim", ["adamw", "adafactor"])
+def test_checkpoint_roundtrip_restores_optimizer_scheduler_and_rng_exactly(tmp_path, tiny_model, optim):
     import random
 
     import numpy as np
@@ -154,7 +155,7 @@ def test_checkpoint_roundtrip_restores_optimizer_scheduler_and_rng_exactly(tmp_p
             opt.zero_grad()
             sched.step()
 
-    cfg = OptimConfig(lr=1e-2, warmup_steps=2, schedule="cosine")
+    cfg = OptimConfig(name=optim, lr=1e-2, warmup_steps=2, schedule="cosine")
     seed_everything(0)
     opt = make_optimizer(tiny_model, cfg)
     sched = make_scheduler(opt, cfg, 6)
