@@ -9,6 +9,7 @@ loads read that in about a second.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -176,6 +177,7 @@ def resolve_model_path(name_or_path: str, *, revision: str | None = None) -> str
     return name_or_path
 
 
+@functools.lru_cache(maxsize=64)  # successes only (an exception is not cached): one look-up per id
 def _check_hub_id(repo_id: str, revision: str | None) -> None:
     """One quick look-up instead of the hub client's retries: in the local cache first, then
     (unless offline) a single metadata request with a short timeout."""
