@@ -78,7 +78,7 @@ def test_version_and_help_start_without_torch_or_transformers():
 
 def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
     """Issue 11 point 5: a 2-process ``torchrun`` of ``pofe sft`` made two run folders on main.
-    Both processes must exit 2 with one line, and nothing is created."""
+    The processes exit 2 with one line, and nothing is created."""
     import os
     import subprocess
     import sys
@@ -92,7 +92,10 @@ def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_fo
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0
     refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe sft does not run data-parallel")]
-    assert len(refusals) == 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
+    # torchrun stops the other process once one fails, so it may not get to print its line
+    assert 1 <= len(refusals) <= 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
+    assert "exitcode: 2" in r.stderr and not [ln for ln in r.stderr.splitlines()
+                                             if ln.startswith("error:") and ln not in refusals]
     assert not out.exists() or list(out.iterdir()) == []
 
 
