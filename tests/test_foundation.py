@@ -223,14 +223,8 @@ def test_model_adapter_continues_training_an_existing_adapter(tiny_model_dir, tm
 # converting that command to a ``model:`` section. The test fails both when a new load ignores
 # the device and when one listed here is fixed (then remove it from the list).
 DEVICE_PENDING = {
-    ("pofe/evaluation/eval.py", "load_model"),      # eval: model specs (truststats / lead)
     ("pofe/loops/self_reward.py", "load_model"),    # loopsa
     ("pofe/loops/self_reward.py", "ModelConfig"),   # loopsa: per-iteration ModelConfig(...) drops model.device
-    ("pofe/loops/cai_revise.py", "load_model"),     # loopsb
-    ("pofe/training/reward_model.py", "load_model"),  # loopsb (rm)
-    ("pofe/loops/label.py", "load_model"),          # loopsb
-    ("pofe/cli/chat.py", "load_model"),             # lead
-    ("pofe/cli/cai.py", "load_model"),              # loopsb (cai refusal)
     ("pofe/judges/reward_model.py", "load_model"),  # judges
 }
 

@@ -46,17 +46,28 @@ class LoraSettings(PofeConfig):
     """Module names to adapt, or ``all-linear``."""
 
 
-class ModelConfig(PofeConfig):
-    """The policy (or any trained model)."""
+class DeviceConfig(PofeConfig):
+    """Where and in what dtype a model runs (``model:`` of commands whose models are named
+    elsewhere, e.g. ``pofe eval``'s policies)."""
 
-    name: str = DEFAULT_MODEL
-    """Embedded name, Hugging Face id or local directory (a saved ``adapter/`` folder works too)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """auto = CUDA when present, then MPS, else CPU."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Weights dtype (bfloat16 on GPUs; float32 is the safe CPU default)."""
+
+
+class LoadConfig(DeviceConfig):
+    """A model used without training it (``pofe chat``)."""
+
+    name: str = DEFAULT_MODEL
+    """Embedded name, Hugging Face id or local directory (a saved ``adapter/`` folder works too)."""
     trust_remote_code: bool = False
     """Only enabled when asked: remote code runs arbitrary Python."""
+
+
+class ModelConfig(LoadConfig):
+    """The policy (or any trained model)."""
+
     gradient_checkpointing: bool = False
     """Trades compute for memory; off by default (it costs ~3x per step on CPU)."""
     lora: LoraSettings = LoraSettings()
