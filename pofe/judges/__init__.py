@@ -18,7 +18,6 @@ from pofe.judges.base import (
     PointwiseJudge,
     as_pairwise,
     has_capability,
-    judge_identity,
     require_capability,
 )
 from pofe.judges.config import JUDGE_CONFIGS, JudgeConfig, parse_judge_config
@@ -37,7 +36,6 @@ __all__ = [
     "PointwiseJudge",
     "as_pairwise",
     "has_capability",
-    "judge_identity",
     "require_capability",
     "PairwiseProbability",
     "pairwise_probability",

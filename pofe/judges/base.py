@@ -154,9 +154,6 @@ class PointwiseAsPairwise:
                                 judge_id=self.id, extra={"score_a": sa.score, "score_b": sb.score}))
         return out
 
-    def identity(self) -> dict[str, Any]:
-        return judge_identity(self.inner)
-
 
 def as_pairwise(judge):
     """The judge itself when it compares pairs, else a :class:`PointwiseAsPairwise` view."""
@@ -165,17 +162,6 @@ def as_pairwise(judge):
     if has_capability(judge, Capability.POINTWISE):
         return PointwiseAsPairwise(judge)
     raise JudgeCapabilityError(f"judge {getattr(judge, 'id', judge)!r} declares neither pairwise nor pointwise")
-
-
-def judge_identity(judge: Any) -> dict[str, Any]:
-    """Everything that can change what a judge reads, as a JSON-able dict: what an audit
-    report records and what ``--require-audit`` compares (not only the judge id, which
-    omits the endpoint URL, both_orders, CoT, choices and temperature)."""
-    ident = getattr(judge, "identity", None)
-    base = {"id": getattr(judge, "id", None)}
-    if callable(ident):
-        base.update(ident())
-    return base
 
 
 def check_batch(prompts, a, b=None) -> None:

@@ -143,6 +143,35 @@ class _JudgeKind(PofeConfig):
     kind: str
     """Which judge (each kind narrows this to its own name; declared here so it comes first in dumped configs)."""
 
+    def identity(self) -> dict[str, Any]:
+        """Everything in this config that can change a label, as a flat-ish JSON dict: what an
+        audit report records and ``--require-audit`` compares key by key (kind, model and
+        revision, endpoint URL/model/API, template and its content hash, constitution and its
+        version, choices, both orders, CoT and the clamp actually applied, temperatures,
+        scores, ...). Settings that change only speed or plumbing (cache, batch size,
+        device, retries, concurrency, API-key variable) are left out."""
+        d = _identity_fields(self.model_dump(mode="json"))
+        cot = getattr(self, "cot", None)
+        if cot is not None:
+            d["cot_clamp_applied"] = list(cot.effective_clamp()) if cot.effective_clamp() else None
+        template = getattr(self, "template", None)
+        if template:
+            try:
+                from pofe.judges.templates import load_template
+
+                d["template_hash"] = load_template(template).hash
+            except (OSError, ValueError, KeyError):
+                d["template_hash"] = None  # unreadable here: the build fails later with the reason
+        constitution = getattr(self, "constitution", None)
+        if constitution:
+            try:
+                from pofe.constitutions import load_constitution
+
+                d["constitution_version"] = load_constitution(constitution).version
+            except (OSError, ValueError, KeyError):
+                d["constitution_version"] = None
+        return d
+
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
 
@@ -311,6 +340,16 @@ class RewardModelJudgeConfig(_JudgeKind):
     max_length: int | None = Field(4096, ge=1)
     # Not shares-weights: it takes a loaded *classifier*, never the policy's causal LM.
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})
+
+
+_NOT_IDENTITY = {"cache", "batch_size", "device", "concurrency", "timeout_s", "max_retries", "backoff_s",
+                 "max_backoff_s", "rate_limit", "api_key_env", "n_parallel", "n_threads", "identify"}
+
+
+def _identity_fields(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _identity_fields(v) for k, v in d.items() if k not in _NOT_IDENTITY}
+    return d
 
 
 JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {

@@ -109,19 +109,6 @@ class LLMPairwiseJudge:
             caps.add(Capability.SHARES_WEIGHTS)
         self.capabilities = frozenset(caps)
 
-    def identity(self) -> dict[str, Any]:
-        """Everything that can change this judge's labels (what an audit must match)."""
-        backend_id = self.backend.identity() if hasattr(self.backend, "identity") else {"fingerprint": self.backend.fingerprint}
-        return {"kind": "pairwise-llm", "backend": backend_id, "template_id": self.template.id,
-                "template_hash": self.template.hash, "choices": list(self.choices), "both_orders": self.both_orders,
-                "require_both_orders": self.require_both_orders,
-                "cot": {"enabled": self.cot, "max_new_tokens": self.cot_max_new_tokens,
-                        "temperature": self.cot_temperature} if self.cot else {"enabled": False},
-                "clamp": list(self.clamp_p) if self.clamp_p else None,
-                "constitution_version": self.constitution.version if self.constitution is not None else None,
-                "principles_per_comparison": self.k if self.constitution is not None else None,
-                "seed": self.seed, "max_response_chars": self.max_response_chars}
-
     # -- helpers ----------------------------------------------------------------------
     def _decoding(self) -> dict[str, Any]:
         d: dict[str, Any] = {"choices": list(self.choices), "read": "next-token"}

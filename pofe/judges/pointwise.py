@@ -55,10 +55,6 @@ def _pointwise_caps(backend, *, logprobs: bool) -> frozenset[Capability]:
     return frozenset(caps)
 
 
-def _backend_identity(backend) -> dict[str, Any]:
-    return backend.identity() if hasattr(backend, "identity") else {"fingerprint": backend.fingerprint}
-
-
 class RubricJudge:
     """Pointwise additive-rubric judge over any backend with ``generate``."""
 
@@ -76,11 +72,6 @@ class RubricJudge:
         self.max_response_chars = max_response_chars
         self.id = judge_id or f"{backend.kind}:rubric:{template.id}"
         self.capabilities = _pointwise_caps(backend, logprobs=False)
-
-    def identity(self) -> dict[str, Any]:
-        return {"kind": "rubric", "backend": _backend_identity(self.backend), "template_hash": self.template.hash,
-                "samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens, "score_range": [self.lo, self.hi], "seed": self.seed}
 
     def _key(self, fp: str, prompt: str, response: str) -> str:
         dec = {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
@@ -164,10 +155,6 @@ class ExpectedScoreJudge:
         if has_prefix_scores and getattr(backend, "api", None) == "chat" and not getattr(backend, "chat_prefill", False):
             raise JudgeConfigError("expected-score with multi-digit scores over the chat API needs judge.endpoint.chat_prefill=true "
                              "(the continuation after '1' is read from a prefilled answer) or judge.endpoint.api=completions")
-
-    def identity(self) -> dict[str, Any]:
-        return {"kind": "expected-score", "backend": _backend_identity(self.backend),
-                "template_hash": self.template.hash, "scores": list(self.scores)}
 
     def _key(self, fp: str, prompt: str, response: str) -> str:
         return cache_key("expected-score/v1", fp, self.template.hash, list(self.scores), prompt, response)

@@ -39,9 +39,6 @@ class ValueJudge:
         self.id = judge_id
         self.temperature = temperature
 
-    def identity(self) -> dict:
-        return {"kind": "programmatic", "temperature": self.temperature}
-
     def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
         check_batch(prompts, responses_a, responses_b)
         refs = references or [None] * len(prompts)

@@ -55,9 +55,6 @@ class RewardModelJudge:
         self.batch_size, self.max_length = batch_size, max_length
         self.id = f"reward-model:{model_name or getattr(model.config, '_name_or_path', 'in-memory')}"
 
-    def identity(self) -> dict:
-        return {"kind": "reward-model", "model": self.id}
-
     def _render(self, prompt: str, response: str) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(

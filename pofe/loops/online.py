@@ -61,8 +61,9 @@ from pofe.judges.registry import build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
 from pofe.models import apply_chat_template, resolve_model_path
 from pofe.records import Completion, Judgment, Prompt
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
-from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint, load_policy,
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, open_run, read_jsonl, write_config
+from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, final_complete, latest_checkpoint,
+                           load_checkpoint, load_policy,
                            make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
                            seed_everything)
 from pofe.loops.dap import TokenPair, dap_backward
@@ -470,7 +471,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     acc = _accelerator(cfg)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     if resume is not None:
-        run_dir = Path(resume)
+        run_dir = open_run(cfg.run, "online", resume=resume)  # refused while another process holds it
     else:
         run_dir = _gather(acc, str(new_run_dir(cfg.run, "online")) if main else None)[0]
         run_dir = Path(run_dir)
@@ -504,9 +505,11 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     if judge is None and not offline:
         judge, judge_ctx = build_annotator(cfg.judge, cfg=cfg, reference=reference, tokenizer=tok)
     if require_audit is not None and judge is not None:
+        from pofe.evaluation.audit import judge_identity
         from pofe.evaluation.audit import require_audit as _require_audit
 
-        _require_audit(require_audit, judge=judge)
+        # the full identity (endpoint URL, both orders, CoT, choices, template hash, ...), not only the id
+        _require_audit(require_audit, judge_identity(cfg.judge), judge_id=judge.id)
     if eval_judge is None and cfg.eval.enabled:
         if cfg.eval.judge is None and judge is not None:
             eval_judge, eval_ctx = judge, judge_ctx
@@ -571,6 +574,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                                normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward,
                                no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, device=acc.device)
+            for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
+                check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
             t_opt = time.perf_counter()
             if cfg.optim.grad_clip:
                 grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
@@ -619,7 +624,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     bar.close()
     final_dir = run_dir / "final"
     if main:
-        if step > start or not final_dir.exists():
+        if step > start or not final_complete(final_dir):  # a torn final/ is rewritten from the checkpoint
             save_final(acc.unwrap_model(ddp_policy), tok, final_dir)
         sink.close()
         if ledger is not None:

@@ -34,6 +34,8 @@ from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, re
 from pofe.training import (
     ModelConfig,
     OptimConfig,
+    check_finite,
+    fault_point,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -232,6 +234,7 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
             if cfg.optim.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), cfg.optim.grad_clip)
             lr = optimizer.param_groups[0]["lr"]
+            check_finite(total_nll, step=step + 1, detail=f"examples {idx}")
             optimizer.step()
             scheduler.step()
             loss = total_nll / n_tok
@@ -241,10 +244,12 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
             if done % cfg.log_every == 0 or done == total or done == start + 1:
                 metrics.write({"step": done, "loss": loss, "lr": lr, "tokens": n_tok,
                                "eft_share": sum(t.source == "eft" for t in items) / len(items)})
+            fault_point(f"{done}:after_step")  # crash/resume suite: metrics written, no checkpoint yet
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{done}", model=policy, optimizer=optimizer,
                                 scheduler=scheduler, step=done)
                 prune_checkpoints(run_dir, cfg.keep_checkpoints)
+                fault_point(f"{done}:after_checkpoint")  # crash/resume suite (POFE_FAULT)
 
     # --- save
     policy.eval()

@@ -493,6 +493,6 @@ def test_eval_reads_response_tables(tmp_path, fmt):
              "parquet": lambda p, rows: _parquet(p.with_suffix(".parquet"), rows),
              "save_to_disk": lambda p, rows: _saved(p, rows)}[fmt]
     fa, fb = write(tmp_path / "a", a), write(tmp_path / "b", b)
-    prompts, ra, rb = collect_responses(EvalConfig(policy_a=str(fa), policy_b=str(fb)))
+    prompts, (ra, rb) = collect_responses(EvalConfig(policy_a=str(fa), policy_b=str(fb)))
     assert prompts == ["Name a fruit.", "Say hi."]
     assert ra == ["Apple.", "Hello."] and rb == ["A ripe pear.", "Hi there, friend."]

@@ -118,12 +118,6 @@ class EndpointBackend:
             return base + ":served=unknown"
         return base + ":served=" + json.dumps(served, sort_keys=True, separators=(",", ":"))
 
-    def identity(self) -> dict[str, Any]:
-        if self.served is None and self.identify:
-            self.server_model()
-        return {"backend": self.kind, "base_url": self.base_url, "api": self.api, "model": self.model_id,
-                "served": self.served}
-
     _SERVED_KEYS = ("id", "root", "parent", "revision", "fingerprint", "system_fingerprint", "meta", "owned_by")
 
     def server_model(self) -> dict[str, Any] | None:

@@ -96,9 +96,6 @@ class LlamaCppBackend(EndpointBackend):
         self._ensure_server()
         return super()._request(method, path, body, what=what)
 
-    def identity(self):
-        return {"backend": self.kind, "gguf": str(self.gguf), "fingerprint": self.fingerprint}
-
     def close(self) -> None:
         super().close()
         if self.server is not None:

@@ -63,11 +63,6 @@ class TransformersBackend:
             return f"transformers:live:{self._live_hash}" + (f":tag={self.cache_tag}" if self.cache_tag is not None else "")
         return f"transformers:{self.model_name}@{self.revision or ''}:{_weights_identity(self.model_name)}"
 
-    def identity(self) -> dict[str, Any]:
-        # The name, not the fingerprint: a judge sharing the policy's loaded weights (hashed)
-        # and the same model loaded by name (file identity) are the same judge for an audit.
-        return {"backend": self.kind, "model": self.model_name, "revision": self.revision}
-
     # -- lazy loading -----------------------------------------------------------------
     @property
     def tokenizer(self):
