@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _online_utils import tiny_cfg
-from pofe.loops.dap import TokenPair, dap_backward
+from pofe.training.dap import TokenPair, dap_backward
 from pofe.losses import DEFAULT_BETA, LOSSES
 from pofe.runs import read_jsonl
 from pofe.training import Reference
@@ -170,7 +170,7 @@ def test_two_cpu_processes_keep_identical_weights(tmp_path, tiny_model_dir):
 def test_completion_logps_matches_the_full_vocabulary_reference(tokenizer, tiny_model):
     """The logits_to_keep shortcut gives the same log-probs as pofe.logprobs (all positions)."""
     from pofe.logprobs import completion_logprobs
-    from pofe.loops.dap import completion_logps, pairs_batch
+    from pofe.training.dap import completion_logps, pairs_batch
 
     pairs = _pairs(5)
     batch, width = pairs_batch(pairs, 2, "cpu")

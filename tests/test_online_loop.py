@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from _online_utils import FakeJudge, eos_tiny_model, tiny_cfg
-from pofe.loops.online import (Annotation, label, label_annotations, run, sample_and_annotate, winrate,
-                               winrate_value, _select_best_vs_worst)
+from pofe.evaluation.vs_initial import winrate, winrate_value
+from pofe.loops.online import run
+from pofe.training.online_pairs import (Annotation, LabelSettings, _select_best_vs_worst, label, label_annotations,
+                                        sample_and_annotate)
 from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import read_jsonl
 
@@ -46,7 +48,8 @@ def test_label_rules_hard_and_soft():
     assert label(_ann(a, b, 0.5), "soft").p == 0.5
     pairs, counts, rows = label_annotations([_ann(a, a, "skip", 0), _ann(a, b, None, 1), _ann(a, b, 0.9, 2),
                                              _ann(a, b, 0.5, 3)], "hard", rank=0)
-    assert counts == {"annotations": 4, "trained": 1, "identical": 1, "unlabelled": 1, "ties": 1}
+    assert counts == {"annotations": 4, "trained": 1, "identical": 1, "unlabelled": 1, "ties": 1, "inconsistent": 0,
+                      "low_margin": 0}
     assert [r["status"] for r in rows] == ["identical", "unlabelled", "trained", "ties"]
     assert rows[1]["p"] is None and rows[2]["p"] == 0.9 and rows[2]["kind"] == "annotation"
 
@@ -120,8 +123,10 @@ def test_run_folder_contents_and_summary(tmp_path, tiny_model_dir):
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step-1", "step-2"]
     rows = read_jsonl(d / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("loss", "mean_p", "consistency_rate", "mean_len", "kl", "winrate_vs_init", "time_generate",
-                "time_judge", "time_train", "reward_margin", "reward_accuracy", "p_hist", "tokens_per_s"):
+    for key in ("loss", "mean_p", "consistency_rate", "mean_len", "objective/kl", "winrate_vs_init", "time_generate",
+                "time_judge", "time_train", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                "logps/chosen", "logps/rejected", "learning_rate", "grad_norm", "p_hist", "tokens_per_s",
+                "inconsistent_pairs", "low_margin_pairs", "text_fallback_labels"):
         assert key in rows[-1], key
     ledger = read_jsonl(d / "ledger.jsonl")
     ann = [r for r in ledger if r["kind"] == "annotation"]
@@ -224,16 +229,38 @@ def test_length_judge_shortens_responses(tmp_path, tokenizer):
     assert s["mean_len_last"] < 0.7 * s["mean_len_first"], s
 
 
-def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir):
+def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir, monkeypatch):
     """judge.kind=llm with the policy's own weights: the annotator is pi_0 (shared, not
-    reloaded) and switching judge.template is the only change needed (OAIF Sec. 4.6)."""
+    reloaded: one model load per run) and switching judge.template is the only change
+    needed to change its verdicts on the very same sampled pairs (OAIF Sec. 4.6)."""
+    import transformers
+
+    loads = []
+    orig = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *a, **k):
+        loads.append(a[0] if a else k.get("pretrained_model_name_or_path"))
+        return orig(cls, *a, **k)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    by_template = {}
     for template in ("helpful", "helpful-very-short"):
+        loads.clear()
         s = run(tiny_cfg(tmp_path / template, tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}",
                          f"judge.template={template}", "judge.cache.enabled=false", "train.steps=1",
                          "eval.enabled=false", "model.lora.enabled=true", "model.lora.r=4"))
-        ann = [r for r in read_jsonl(f"{s['run_dir']}/ledger.jsonl") if r["kind"] == "annotation" and r["p"] is not None]
-        assert ann and {r["template_id"].split("@")[0] for r in ann} == {template}
+        assert len(loads) == 1, loads  # the policy only: the annotator shares pi_0's weights
+        ann = [r for r in read_jsonl(f"{s['run_dir']}/ledger.jsonl") if r["kind"] == "annotation"]
+        assert len(ann) == 2 and all(r["p"] is not None for r in ann)
+        assert {r["template_id"].split("@")[0] for r in ann} == {template}
         assert all(r["p_ab"] is not None and r["p_ba"] is not None for r in ann)  # both orders
+        by_template[template] = ann
+    a, b = by_template["helpful"], by_template["helpful-very-short"]
+    # same seed, same policy: the same sampled pairs; only the annotator's prompt differs ...
+    assert [(r["response_a"], r["response_b"]) for r in a] == [(r["response_a"], r["response_b"]) for r in b]
+    # ... and its verdicts move with it
+    assert a[0]["template_hash"] != b[0]["template_hash"]
+    assert any(x["p"] != y["p"] for x, y in zip(a, b))  # (random tiny weights: tiny but real differences), [(x["p"], y["p"]) for x, y in zip(a, b)]
 
 
 def test_tensorboard_sink(tmp_path, tiny_model_dir):
