@@ -284,3 +284,65 @@ def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_mod
     other = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", "judge.model=some/other-model")
     j2, ctx2 = build_annotator(other.judge, cfg=other, reference=ref, tokenizer=tokenizer)
     assert j2.backend._model is None  # a different annotator model loads lazily on its own
+
+
+# ------------------------------------------------------------------ label hygiene (issue 13 point 4)
+
+def _jv(p, consistent, fallback=False):
+    return Judgment(p=p, p_ab=p, p_ba=p, consistent=consistent, parse_ok=True, judge_id="t",
+                    hard_label_fallback=fallback, tokens=7, constitution_version="v2", extra={"errors": ["BA: no verdict"]})
+
+
+def test_label_hygiene_drops_and_counts_inconsistent_and_low_margin_pairs():
+    a, b = _c("long answer", (7, 8, 9)), _c("short", (4,))
+    anns = [Annotation("i0", 1, Prompt("x"), a, b, _jv(0.9, True)),     # kept
+            Annotation("i1", 1, Prompt("x"), a, b, _jv(0.55, False)),   # orders disagree
+            Annotation("i2", 1, Prompt("x"), a, b, _jv(0.45, True)),    # |p - 1/2| = 0.05 < 0.1
+            Annotation("i3", 1, Prompt("x"), a, b, _jv(0.1, True, fallback=True))]  # kept, read as text
+    # defaults (OAIF Algorithm 1): every readable non-tie label is trained, as a hard label
+    pairs, counts, _ = label_annotations(anns, "hard", 0)
+    assert counts["trained"] == 4 and counts["inconsistent"] == counts["low_margin"] == 0
+    strict = LabelSettings(drop_inconsistent=True, min_margin=0.1)
+    pairs, counts, rows = label_annotations(anns, "hard", 0, strict)
+    assert [p.pair_id for p in pairs] == ["i0", "i3"]
+    assert (counts["trained"], counts["inconsistent"], counts["low_margin"]) == (2, 1, 1)
+    assert [r["status"] for r in rows] == ["trained", "inconsistent", "low_margin", "trained"]
+    # the ledger keeps what the judge reported: text fallback, tokens, constitution version, errors
+    assert [r["text_fallback"] for r in rows] == [False, False, False, True]
+    assert rows[0]["judge_tokens"] == 7 and rows[0]["constitution_version"] == "v2"
+    assert rows[0]["errors"] == ["BA: no verdict"]
+    # a margin of exactly min_margin is kept (|0.6 - 0.5| = 0.1)
+    assert isinstance(label(Annotation("e", 1, Prompt("x"), a, b, _jv(0.6, True)), "hard", strict), type(pairs[0]))
+
+
+def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir):
+    # a judge whose two orders never agree: with drop_inconsistent nothing is trained, and
+    # metrics / summary say why
+    class Flip(FakeJudge):
+        def judge(self, prompts, responses_a, responses_b, *, references=None):
+            return [Judgment(p=0.7, p_ab=0.9, p_ba=0.4, consistent=False, parse_ok=True, judge_id="flip",
+                             hard_label_fallback=True) for _ in prompts]
+
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, "labels.drop_inconsistent=true", "eval.enabled=false",
+                   "sampling.temperature=1.0")
+    s = run(cfg, judge=Flip(lambda *a: None))
+    rows = read_jsonl(f"{s['run_dir']}/metrics.jsonl")
+    judged = sum(r["annotations"] - r["identical_pairs"] for r in rows)
+    assert judged > 0 and s["trained_pairs"] == 0
+    assert s["inconsistent_pairs"] == judged == sum(r["inconsistent_pairs"] for r in rows)
+    assert s["text_fallback_labels"] == judged
+    assert s["label_filter"] == {"drop_inconsistent": True, "min_margin": 0.0}
+
+
+@pytest.mark.parametrize("key,value", [("loss.beta", "-0.1"), ("loss.beta", "0"), ("train.batch_size", "0"),
+                                       ("train.steps", "0"), ("train.grad_accum", "0"),
+                                       ("train.samples_per_prompt", "1"), ("labels.min_margin", "0.7"),
+                                       ("train.iterative_every", "0"), ("eval.num_prompts", "-1"),
+                                       ("sampling.temperature", "0")])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(key, value):
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.online import OnlineConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(OnlineConfig, None, [f"{key}={value}"])
+    assert key in str(e.value)

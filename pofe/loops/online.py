@@ -64,8 +64,8 @@ from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoin
 from pofe.training.dap import TokenPair, dap_backward, tokenize_pair
 from pofe.training.ledger import loss_row, offset, resume_files
 from pofe.training.metrics import step_metrics, summarise
-from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, label_annotations, prompt_input,
-                                        sample_and_annotate, zero_counts)
+from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
+                                        prompt_input, sample_and_annotate, zero_counts)
 from pofe.training.parallel import fault, gather, make_accelerator, reduce_sum, step_seed, weights_identical
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
@@ -199,7 +199,7 @@ def offline_pairs(lp: LoopState, step: int) -> StepPairs:
     world, rank = lp.acc.num_processes, lp.acc.process_index
     counts = zero_counts()
     drawn = lp.cursor.take(world * lp.n_prompts)[rank::world]
-    kept = [pp for pp in drawn if abs(float(pp.p) - 0.5) >= lp.cfg.labels.min_margin]
+    kept = [pp for pp in drawn if not below_margin(pp.p, lp.cfg.labels.min_margin)]
     toks = [tokenize_pair(lp.tok, pp, lp.tok.eos_token_id, lp.tok_cache, lp.cfg.loss.labels) for pp in kept]
     pairs = [t for t in toks if t is not None]
     counts.update(trained=len(pairs), ties=len(toks) - len(pairs), low_margin=len(drawn) - len(kept))

@@ -128,7 +128,7 @@ def label(ann: Annotation, labels: str, hygiene: LabelSettings | None = None) ->
     if hygiene.drop_inconsistent and ann.judgment.consistent is False:
         return "inconsistent"
     p = float(ann.judgment.p)
-    if abs(p - 0.5) < hygiene.min_margin:
+    if below_margin(p, hygiene.min_margin):
         return "low_margin"
     a, b = ann.a, ann.b
     if p < 0.5:  # orient so chosen = the preferred response (the soft losses are symmetric)
@@ -138,6 +138,12 @@ def label(ann: Annotation, labels: str, hygiene: LabelSettings | None = None) ->
             return "ties"
         p = 1.0
     return TokenPair(a.prompt_token_ids, a.token_ids, b.token_ids, p, ann.pair_id)
+
+
+def below_margin(p: float, min_margin: float) -> bool:
+    """|p - 1/2| < min_margin, with a margin of exactly min_margin kept (0.6 - 0.5 is
+    0.0999... in floating point)."""
+    return abs(float(p) - 0.5) + 1e-9 < min_margin
 
 
 def zero_counts() -> dict[str, int]:
