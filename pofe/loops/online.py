@@ -67,6 +67,7 @@ from pofe.training.metrics import step_metrics, summarise
 from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
                                         prompt_input, sample_and_annotate, zero_counts)
 from pofe.training.parallel import fault, gather, make_accelerator, reduce_sum, step_seed, weights_identical
+from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
@@ -140,15 +141,6 @@ class EvalSettings(PofeConfig):
     avoid rewarding the annotator's quirks (Sec. 4.1: Gemini Pro judges, PaLM 2 annotates)."""
     sampling: SamplingConfig = SamplingConfig(temperature=0.0, max_new_tokens=48)
     """Greedy by default so that the win rate does not depend on sampling luck."""
-
-
-class CheckpointSettings(PofeConfig):
-    """Resumable checkpoints (``checkpoints/step-N``)."""
-
-    every: int = Field(0, ge=0)
-    """Checkpoint every N steps (0 = only at the end)."""
-    keep_last: int = Field(2, ge=0)
-    """Checkpoints kept (0 = all)."""
 
 
 class OnlineConfig(PofeConfig):
