@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pofe.data.eft import RankedPrompt, agrees, build_eft, load_ranked, rebalance, split_ranked
-from pofe.loops.self_reward import ScoresAsPairwise, build_pair, build_pairs, head_to_head, rm_eval
+from pofe.data.aift import build_pair, build_pairs
+from pofe.evaluation.self_reward import ScoresAsPairwise, head_to_head, rm_eval
 from pofe.records import Judgment, Score
 
 

@@ -193,3 +193,34 @@ def build_eft(
     stats["examples"] = len(examples)
     stats["score_counts"] = {str(k): v for k, v in sorted(Counter(e["score"] for e in examples).items())}
     return examples, stats
+
+
+def rubric_renderer(judge) -> Callable[[str, str], str]:
+    """The EFT input of a (prompt, response): the judge prompt exactly as the rubric judge
+    renders it, so M1 is fine-tuned on the very prompt it will later judge with."""
+    tmpl = getattr(judge, "template", None)
+    if tmpl is None:
+        raise ValueError("EFT data needs an LLM rubric judge (judge.kind: rubric); "
+                         f"got {getattr(judge, 'id', judge)!r}")
+    specials = getattr(getattr(judge, "backend", None), "special_strings", ())
+
+    def render(prompt: str, response: str) -> str:
+        return tmpl.render({"prompt": prompt, "response": response}, special_strings=specials).user
+    return render
+
+
+def write_eft_files(data_dir: Path, build: Sequence[RankedPrompt], held_out: Sequence[RankedPrompt], judge, *,
+                    rebalance_ratio: float | None, seed: int = 0) -> None:
+    """EFT data written by ``judge`` (the rubric rendered as it judges) on the ``build`` split
+    -> ``eft_train.jsonl`` and ``eft_stats.json``; the held-out split -> ``rm_eval.jsonl``."""
+    import json
+
+    from pofe.runs import atomic_write_text
+
+    rows, stats = build_eft(build, judge, rubric_renderer(judge), rebalance_ratio=rebalance_ratio, seed=seed)
+
+    def jsonl(rs) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rs)
+    atomic_write_text(Path(data_dir) / "rm_eval.jsonl", jsonl(g.to_dict() for g in held_out))
+    atomic_write_text(Path(data_dir) / "eft_stats.json", json.dumps(stats, indent=2, default=str))
+    atomic_write_text(Path(data_dir) / "eft_train.jsonl", jsonl(rows))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from pofe.config import PofeConfig
-from pofe.generation.sampling import SamplingConfig
+from pofe.generation.sampling import SamplingConfig, generate
 
 # Self-Instruct's keyword filter (yizhongw/self-instruct, bootstrap_instructions.py): tasks
 # that need a modality a language model lacks.
@@ -276,3 +276,14 @@ def generate_prompts(
                     stats["rejected"][reason] += 1
     stats["kept"] = len(kept)
     return kept, stats
+
+
+def completion_fn(model, tokenizer) -> Callable[[list[str], SamplingConfig, int], list[str]]:
+    """The ``generate_fn`` of :func:`generate_prompts` for a local model: each few-shot prompt
+    is a *raw completion* prompt. Wrapped in the chat template, an instruction-tuned model
+    answers the list ("Sure, here are the tasks:") instead of continuing it (3 of 3 kept
+    prompts were such preambles with SmolLM2-Instruct)."""
+    def fn(fewshot: list[str], sampling: SamplingConfig, seed: int) -> list[str]:
+        return [g[0].text for g in generate(model, tokenizer, fewshot, n=1, sampling=sampling, seed=seed,
+                                            chat_template=False)]
+    return fn

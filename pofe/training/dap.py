@@ -209,13 +209,14 @@ def dap_backward(
             result.time_ref += t1 - t0
             result.tokens += int(batch.attention_mask.sum())
             with torch.no_grad():
-                logratio = (pol_lp - ref_lp).detach()
+                pol_d = pol_lp.detach()
+                logratio = pol_d - ref_lp
                 kl = (logratio[:m] + logratio[m:]) / 2
             for j, pr in enumerate(chunk):
                 result.pairs.append(PairStats(
                     pair_id=pr.pair_id, loss=float(out.losses[j].detach()), margin=float(out.margins[j]),
                     chosen_reward=float(out.chosen_rewards[j]), rejected_reward=float(out.rejected_rewards[j]),
-                    kl=float(kl[j]), p=pr.p, chosen_logp=float(pol_lp[j]), rejected_logp=float(pol_lp[m + j])))
+                    kl=float(kl[j]), p=pr.p, chosen_logp=float(pol_d[j]), rejected_logp=float(pol_d[m + j])))
     return result
 
 

@@ -149,3 +149,16 @@ def truncate_metrics(run_dir: str | Path, step: int) -> None:
     if metrics.exists():
         keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
         atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def iteration_row(m: dict[str, Any]) -> dict[str, Any]:
+    """The ``metrics.jsonl`` row of one self-reward iteration (``step`` = the iteration): the
+    scalars a tracker can plot; the full record stays in ``iter_t/metrics.json``."""
+    pairs, h2h, rm = m.get("pairs") or {}, m.get("head_to_head_vs_prev") or {}, m.get("rm_metrics") or {}
+    dpo = m.get("dpo") or {}
+    row = {"step": m["iteration"], "iteration": m["iteration"], "mean_score": m.get("mean_score"),
+           "eval_mean_score": m.get("eval_mean_score"), "mean_length_chars": m.get("mean_length_chars"),
+           "pairs_kept": pairs.get("kept"), "unscored_candidates": m.get("unscored_candidates"),
+           "loss": dpo.get("loss_last"), "winrate_vs_prev": h2h.get("win_rate_adjusted"),
+           "rm/pairwise_accuracy": rm.get("pairwise_accuracy")}
+    return {k: v for k, v in row.items() if v is not None}
