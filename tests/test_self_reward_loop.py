@@ -202,3 +202,46 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
     m1 = s["iterations"][0]
     assert m1["eft"]["groups"] == 2 and m1["sft"]["data"] == {"ift": 4, "eft": 0, "eft_capped": 0}
     assert m1["rm_metrics"]["n_unscored_responses"] == 4 and m1["rm_metrics"]["pairwise_accuracy"] is None
+
+
+def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
+    """Issue 14 point 1: ``pofe self-reward --resume RUN`` without --config overwrote the run's
+    config.yaml with defaults and carried on with a different judge (one candidates.jsonl
+    held rows from two judges). The run's own config is the truth; options are refused."""
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    cfg = {"model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
+           "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+           "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+           "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 1},
+           "selection": {"enabled": False}, "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+           "log": {"progress": False, "tensorboard": False},
+           "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"}}
+    path = tmp_path / "sr.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    first = CliRunner().invoke(app, ["self-reward", "--config", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    root = tmp_path / "runs" / "sr"
+    saved = (root / "config.yaml").read_text()
+    assert (root / "final" / "config.json").exists()  # final/ = M_T
+    # a crash after the candidates of iteration 2: nothing after them exists yet
+    for p in ("iter_2/metrics.json", "iter_2/model", "iter_2/dpo", "iter_2/eval_responses.jsonl", "summary.json",
+              "final"):
+        q = root / p
+        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink()
+    r = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--json"])
+    assert r.exit_code == 0, r.output
+    assert (root / "config.yaml").read_text() == saved
+    assert {row["judge_id"] for row in read_jsonl(root / "iter_2" / "data" / "candidates.jsonl")} == {"length:shorter:chars"}
+    assert [row["step"] for row in read_jsonl(root / "metrics.jsonl")] == [1, 2]  # no duplicated rows
+    assert (root / "final" / "config.json").exists()
+    r2 = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--iterations", "3"])
+    assert r2.exit_code == 2 and "refused" in r2.output
