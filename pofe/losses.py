@@ -28,7 +28,7 @@ Paper defaults (OAIF Sec. 4.1): beta = 0.1 (DPO), 1.0 (IPO), 0.002 (SLiC).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,11 @@ class LossOutput:
 
 
 class PreferenceLoss(Protocol):
+    """What a DAP loss is (the loss registry's value type, what ``dap_backward`` calls): a pure
+    function of summed completion log-probs of policy and reference on chosen / rejected
+    responses, with ``p`` = P(chosen better) as a soft label (1.0 = a hard label). A new loss
+    is one function with this signature added to :data:`LOSSES`."""
+
     def __call__(
         self,
         policy_chosen_logps: torch.Tensor,
@@ -128,10 +133,10 @@ def slic(
     return LossOutput(losses, cr, rr, cr - rr)
 
 
-LOSSES: dict[str, Callable[..., LossOutput]] = {"dpo": dpo, "ipo": ipo, "slic": slic}
+LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic}
 
 
-def get_loss(name: str) -> Callable[..., LossOutput]:
+def get_loss(name: str) -> PreferenceLoss:
     try:
         return LOSSES[name]
     except KeyError:

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from pofe.logprobs import SequenceBatch, build_batch
-from pofe.losses import LossOutput
+from pofe.losses import PreferenceLoss
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def dap_backward(
     reference,
     pairs: Sequence[TokenPair],
     *,
-    loss_fn: Callable[..., LossOutput],
+    loss_fn: PreferenceLoss,
     beta: float,
     micro_batches: int,
     normaliser: float,
