@@ -113,11 +113,9 @@ def test_cli_report(tmp_path):
 @pytest.mark.slow
 def test_report_from_a_real_online_run(tmp_path, tiny_model_dir):
     """Acceptance: a real ``pofe online`` run folder (tiny model, length judge) -> HTML + PNGs."""
-    try:
-        from pofe.loops.online import run
-        from _online_utils import tiny_cfg
-    except ImportError as e:  # pragma: no cover - the online loop is another module's job
-        pytest.skip(f"pofe online is not available: {e}")
+    from _online_utils import tiny_cfg
+    from pofe.loops.online import run
+
     cfg = tiny_cfg(tmp_path, tiny_model_dir, "train.steps=3", "eval.every=1")
     s = run(cfg)
     d = Path(s["run_dir"])

@@ -167,7 +167,7 @@ def test_generated_shots_come_only_from_earlier_iterations():
 
     machine = ["Earlier generated task about tides.", "Earlier generated task about volcanoes."]
     seeds = [f"Seed task number {w} about cooking." for w in ("one", "two", "three", "four", "five", "six")]
-    cfg = SelfInstructConfig(num_prompts=4, max_generations=4, rouge_threshold=1.01, sampling={"batch_size": 1})
+    cfg = SelfInstructConfig(num_prompts=4, max_generations=4, rouge_threshold=1.0, sampling={"batch_size": 1})
     kept, _ = generate_prompts(fake, seeds, cfg, machine=machine, seed=3)
     assert len(kept) == 4 and len(seen) == 4
     for p in seen:

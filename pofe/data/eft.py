@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pydantic import Field
+
 from pofe.config import PofeConfig
 from pofe.data.preferences import _pair_from_row
 from pofe.data.prompts import DataError, load_rows
@@ -104,13 +106,13 @@ class EFTConfig(PofeConfig):
 
     ranked: str | None = None
     """Ranked file (see :func:`load_ranked`); e.g. ../shared/data/hh-rlhf/helpful-base/test.jsonl.gz."""
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
     """Read at most this many ranked prompts."""
-    eval_fraction: float = 0.25
+    eval_fraction: float = Field(0.25, ge=0.0, le=1.0)
     """Share of ranked prompts held out for the RM metrics (paper: 541 of 2171, ~0.25)."""
-    max_eval: int | None = None
+    max_eval: int | None = Field(None, ge=0)
     """Cap on held-out prompts (judging is the expensive part)."""
-    rebalance_ratio: float | None = 1.0
+    rebalance_ratio: float | None = Field(1.0, gt=0)
     """Keep at most ``ratio x`` (count of the 2nd most common score) examples of the most
     common score; null disables rebalancing."""
 

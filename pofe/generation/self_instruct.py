@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from pydantic import Field
+
 from pofe.config import PofeConfig
 from pofe.generation.sampling import SamplingConfig, generate
 
@@ -49,25 +51,28 @@ HEADER = "Come up with a series of tasks:"
 class SelfInstructConfig(PofeConfig):
     """How new prompts are generated and filtered each iteration."""
 
-    num_prompts: int = 64
+    num_prompts: int = Field(64, ge=1)
     """Prompts to keep per iteration (generation stops once reached)."""
-    max_generations: int | None = None
+    max_generations: int | None = Field(None, ge=1)
     """Cap on few-shot generate calls; default 4 x num_prompts (a model that only produces
     rejects must not loop forever)."""
-    num_examples: int = 8
+    num_examples: int = Field(8, ge=1)
     """Demonstrations per few-shot prompt (paper: 8)."""
-    num_machine_examples: int = 2
+    num_machine_examples: int = Field(2, ge=0)
     """Of those, how many come from previously generated prompts (paper: 2; the rest from seeds)."""
     model: str | None = None
     """Prompt generator: null = the current model M_t; or a name / path of a fixed model
     (the paper uses Llama 2-Chat 70B "for time efficiency")."""
     sampling: SamplingConfig = SamplingConfig(temperature=0.6, top_p=0.9, max_new_tokens=96, batch_size=8)
-    rouge_threshold: float = 0.7
+    """Paper: T 0.6, top-p 0.9."""
+    rouge_threshold: float = Field(0.7, ge=0.0, le=1.0)
     """Reject when ROUGE-L F1 with any existing prompt is >= this (Self-Instruct: 0.7)."""
-    min_words: int = 4
+    min_words: int = Field(4, ge=0)
     """Keep prompts with at least this many words (Self-Instruct: more than 3)."""
-    max_words: int = 150
+    max_words: int = Field(150, ge=1)
+    """Keep prompts with at most this many words (Self-Instruct: 150)."""
     blocklist: list[str] = list(SELF_INSTRUCT_BLOCKLIST)
+    """Reject tasks with these words (Self-Instruct's keyword filter: images, files, ...)."""
 
 
 # ----------------------------------------------------------------------------- prompt
