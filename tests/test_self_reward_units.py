@@ -245,3 +245,25 @@ def test_iteration_metrics_row_is_flat_and_steps_by_iteration():
          "head_to_head_vs_prev": {"win_rate_adjusted": 0.625}, "dpo": {"loss_last": 0.61}}
     assert iteration_row(m) == {"step": 2, "iteration": 2, "mean_score": 3.5, "pairs_kept": 7,
                                 "winrate_vs_prev": 0.625, "loss": 0.61}
+
+
+def test_pick_checkpoint_best_tie_adjusted_rate_ties_to_the_later():
+    from pofe.evaluation.self_reward import pick_checkpoint
+
+    judge = FakeScorer({"good": 5, "bad": 1, "ok": 3})
+    prev = ["ok", "ok"]
+    # option a: 1 win 1 loss (0.5); b: 2 wins (1.0); c: 2 wins (1.0, later -> chosen)
+    responses = {"a": ["good", "bad"], "b": ["good", "good"], "c": ["good", "good"]}
+    best, results = pick_checkpoint(["a", "b", "c"], lambda o: responses[o], judge, ["x", "y"], prev)
+    assert best == 2 and [r["win_rate_adjusted"] for r in results] == [0.5, 1.0, 1.0]
+    assert [r["wins"] for r in results] == [1, 2, 2] and results[0]["losses"] == 1
+
+
+def test_score_stats_counts_unscored_and_margins():
+    from pofe.data.aift import score_stats
+
+    rows = [{"scores": [4.0, None, 2.0]}, {"scores": [None, None]}]
+    pairs = [{"chosen_score": 4.0, "rejected_score": 2.0}]
+    assert score_stats(rows, pairs) == {"candidates": 5, "unscored_candidates": 3, "mean_score": 3.0,
+                                        "pair_margin_mean": 2.0}
+    assert score_stats([], [])["mean_score"] is None
