@@ -73,6 +73,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; run files are meant to be read by others
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -122,7 +123,10 @@ class JsonlWriter:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON Lines file; a torn last line (crash mid-write) is skipped, others must parse."""
+    """Read one of a run's OWN append-only JSON Lines files (ledger, metrics, candidates) on
+    resume or report: a torn last line is what a crash mid-write leaves, so it is skipped;
+    any other bad line is an error. Never use this for inputs -- a user's file with a bad
+    last line must be a located error: use :func:`pofe.data.io.read_rows`."""
     rows = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for i, line in enumerate(lines):

@@ -83,7 +83,7 @@ def test_detector_modes_with_a_judge():
 
 
 def test_xstest_has_both_kinds(shared_data):
-    from pofe.loops.rlaif_data import load_prompts
+    from pofe.data.prompts import load_prompt_texts as load_prompts
 
     assert len(load_prompts("xstest:safe")) == 250
     assert len(load_prompts("xstest:unsafe")) == 200

@@ -150,7 +150,7 @@ def test_hard_label_mode_thresholds(tmp_path, tiny_model_dir):
 
 
 def test_hh_rlhf_pairs_load(shared_data):
-    from pofe.loops.rlaif_data import load_pairs
+    from pofe.data.preferences import load_pairs
 
     pairs = load_pairs("hh-rlhf:helpful", limit=5)
     assert len(pairs) == 5 and all(q.p == 1.0 and q.chosen != q.rejected for q in pairs)

@@ -88,8 +88,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         cfg = resolve_config(RefusalEvalConfig, config, set_, {"model": model, "n": n}, print_config)
+        from pofe.data.prompts import load_prompt_texts as load_prompts
         from pofe.evaluation.refusal import evaluate_refusal
-        from pofe.loops.rlaif_data import load_prompts
         from pofe.models import load_model
 
         try:

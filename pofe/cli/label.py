@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         max_prompts: Optional[int] = typer.Option(None, "--max-prompts"),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        require_audit: Optional[Path] = typer.Option(None, "--require-audit",
+                                                     help="Refuse to label unless this `pofe audit` report passed for this judge."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -38,6 +40,9 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(LabelConfig, config, set_, {
             "policy": policy, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
             "run.output_dir": output_dir, "run.name": name}, print_config)
+        from pofe.evaluation.audit import gate, judge_identity
+
+        gate(require_audit, judge_identity(cfg.judge))
         try:
             s = run(cfg)
         except (ValueError, FileNotFoundError) as e:

@@ -15,7 +15,8 @@ from pofe import __version__
 
 # Order = order in --help.
 COMMAND_MODULES = [
-    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "audit", "eval", "report", "sim", "chat",
+    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "annotate", "audit", "eval", "report", "sim", "chat",
+    "export",
 ]
 
 app = typer.Typer(

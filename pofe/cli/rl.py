@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         steps: Optional[int] = typer.Option(None),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        require_audit: Optional[Path] = typer.Option(None, "--require-audit",
+                                                     help="Refuse to train unless this `pofe audit` report passed for the reward's judge."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -42,6 +44,9 @@ def register(app: typer.Typer) -> None:
         if reward_model and not reward:
             extra["reward.kind"] = "reward-model"
         cfg = resolve_config(RLConfig, config, set_, extra, print_config)
+        from pofe.evaluation.audit import gate, reward_identity
+
+        gate(require_audit, lambda: reward_identity(cfg.reward))
         try:
             s = run(cfg)
         except (ValueError, FileNotFoundError) as e:

@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         epochs: Optional[int] = typer.Option(None),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        require_audit: Optional[Path] = typer.Option(None, "--require-audit",
+                                                     help="Refuse to train unless this `pofe audit` report passed for the judge that labelled --train."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -38,6 +40,9 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(RMConfig, config, set_, {
             "data.train": train or None, "model.name": model, "data.labels": labels, "epochs": epochs,
             "run.output_dir": output_dir, "run.name": name}, print_config)
+        from pofe.evaluation.audit import gate, labels_identity
+
+        gate(require_audit, lambda: labels_identity(cfg.data.train))
         try:
             s = run(cfg)
         except (ValueError, FileNotFoundError) as e:

@@ -39,11 +39,13 @@ def register(app: typer.Typer) -> None:
         from pofe.runs import RunError
 
         if require_audit is not None:
-            # The self-rewarding judge is the policy itself and changes every iteration, so
-            # the report's judge id cannot match M_t: require that the audit (of M1 as a
-            # judge) passed, before any compute is spent.
+            # The self-rewarding judge is the policy itself and changes every iteration: the
+            # gate names the starting model and the judge template (audit it as a judge
+            # first), before any compute is spent.
+            from pofe.evaluation.audit import self_reward_identity
+
             try:
-                _require_audit(require_audit)
+                _require_audit(require_audit, self_reward_identity(cfg.judge, cfg.model.name))
             except AuditError as e:
                 fail(str(e))
         try:

@@ -29,8 +29,8 @@ from typing import Any, Callable, Sequence
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.data.preferences import _pair_from_row
-from pofe.data.prompts import DataError, load_rows
+from pofe.data.io import DataError, read_located
+from pofe.data.preferences import to_pair
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
             return "all-ranks-tied"
         rid = row.get("id")
         return RankedPrompt(row["prompt"], tuple(resp), tuple(float(r) for r in ranks), str(rid) if rid is not None else where)
-    pair = _pair_from_row(row, where)
+    pair = to_pair(row, where)
     if isinstance(pair, str):
         return pair
     if pair.p < 0.5:
@@ -72,21 +72,11 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
 
 def load_ranked(source: str | Path, *, limit: int | None = None) -> tuple[list[RankedPrompt], dict[str, int]]:
     """Ranked prompts and the count of skipped rows per reason."""
-    if not Path(source).exists():
-        raise DataError(f"ranked file not found: {source}")
-    out: list[RankedPrompt] = []
-    skipped: dict[str, int] = {}
-    for where, row in load_rows(source):
-        r = _ranked_from_row(row, where)
-        if isinstance(r, str):
-            skipped[r] = skipped.get(r, 0) + 1
-            continue
-        out.append(r)
-        if limit and len(out) >= limit:
-            break
+    rows = read_located(source)
+    out = rows.map(_ranked_from_row, limit=limit)
     if not out:
-        raise DataError(f"{source}: no usable ranked prompts (skipped: {skipped or 'none'})")
-    return out, skipped
+        raise DataError(f"{source}: no usable ranked prompts (skipped: {rows.skipped or 'none'})")
+    return out, dict(rows.skipped)
 
 
 def split_ranked(groups: Sequence[RankedPrompt], eval_fraction: float, *, seed: int = 0,

@@ -69,9 +69,12 @@ def load_inputs(cfg: Any) -> Inputs:
     if cfg.prompts.seeds:
         seeds = [p.text for p in load_prompts(cfg.prompts.seeds, field=cfg.prompts.seed_field)]
     elif cfg.seed_sft.ift:
-        from pofe.loops.sft import load_examples
+        from pofe.data.sft import load_examples
 
-        seeds = [e.prompt for e in load_examples(cfg.seed_sft.ift, "ift", cfg.seed_sft.limit) if isinstance(e.prompt, str)]
+        from pofe.data.chat import transcript
+
+        seeds = [e.prompt if isinstance(e.prompt, str) else transcript(e.prompt)  # a chat seed is its transcript
+                 for e in load_examples(cfg.seed_sft.ift, "ift", cfg.seed_sft.limit)]
     else:
         seeds = [p for p in builtin if p not in taken]
     seeds = [s for s in dict.fromkeys(seeds) if s not in taken]

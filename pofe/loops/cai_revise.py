@@ -78,7 +78,7 @@ class CaiReviseConfig(PofeConfig):
     """The helpful model to critique and revise with (it also writes the first response)."""
     trust_remote_code: bool = False
     prompts: str = "advbench"
-    """Red-team prompts: a file or advbench, xstest:unsafe, hh-rlhf:harmless (see pofe.loops.rlaif_data)."""
+    """Red-team prompts: a file or advbench, xstest:unsafe, hh-rlhf:harmless (see pofe.data.io)."""
     max_prompts: int | None = 32
     constitution: str = "hhh"
     """Shipped constitution name (pofe/constitutions/<name>.yaml) or a path (YAML, or the HF JSON critic/revision format)."""
@@ -297,7 +297,8 @@ def refusal_summary(harmful: Sequence[Trace], benign: Sequence[Trace]) -> dict[s
 
 def run(cfg: CaiReviseConfig, *, model=None, tokenizer=None, generate_fn=None) -> dict[str, Any]:
     """Setup -> critique/revise loop -> save. Returns the summary (also in ``summary.json``)."""
-    from pofe.loops.rlaif_data import load_prompts, load_sft_examples
+    from pofe.data.prompts import load_prompt_texts as load_prompts
+    from pofe.data.sft import load_examples
     from pofe.training import seed_everything
 
     # --- setup
@@ -340,7 +341,8 @@ def run(cfg: CaiReviseConfig, *, model=None, tokenizer=None, generate_fn=None) -
     helpful_rows = []
     if cfg.helpful_data and cfg.helpful_ratio > 0:
         want = round(len(cai_rows) * cfg.helpful_ratio / (1 - cfg.helpful_ratio))
-        helpful_rows = [{**r, "source": "helpful"} for r in load_sft_examples(cfg.helpful_data, limit=max(4 * want, want))]
+        helpful_rows = [{"prompt": e.prompt if isinstance(e.prompt, str) else list(e.prompt), "response": e.response,
+                         "source": "helpful"} for e in load_examples(cfg.helpful_data, limit=max(4 * want, want))]
     sft = mix_sft(cai_rows, helpful_rows, cfg.helpful_ratio if helpful_rows else 0.0, seed=cfg.seed)
     with JsonlWriter(run_dir / "sft.jsonl") as w:
         for r in sft:

@@ -167,16 +167,10 @@ def sample_pairs(model, tokenizer, prompts: Sequence[str], sampling: SamplingCon
 
 
 def read_pairs(path: str) -> list[tuple[str, str, str]]:
-    from pofe.runs import read_jsonl
+    """Pairs to label, read strictly by the data layer (a bad row anywhere is a located error)."""
+    from pofe.data.preferences import load_unlabelled_pairs
 
-    out = []
-    for r in read_jsonl(path):
-        a = r.get("response_a", r.get("chosen"))
-        b = r.get("response_b", r.get("rejected"))
-        if a is None or b is None:
-            raise ValueError(f"{path}: each row needs response_a/response_b (or chosen/rejected), got keys {sorted(r)}")
-        out.append((r["prompt"], a, b))
-    return out
+    return load_unlabelled_pairs(path)
 
 
 def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -> dict[str, Any]:
@@ -191,8 +185,8 @@ def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -
 
 def run(cfg: LabelConfig, *, policy=None, tokenizer=None, judge=None) -> dict[str, Any]:
     """Setup -> sample + label loop -> save. Returns the summary (also ``summary.json``)."""
+    from pofe.data.prompts import load_prompt_texts as load_prompts
     from pofe.judges.registry import build_judge
-    from pofe.loops.rlaif_data import load_prompts
     from pofe.training import seed_everything
 
     # --- setup

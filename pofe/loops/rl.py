@@ -398,7 +398,7 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
 
 def run(cfg: RLConfig, *, policy=None, tokenizer=None, reward_fn: RewardFn | None = None, judge=None) -> dict[str, Any]:
     """Setup -> RL loop -> save (``<run>/final``). Returns the summary (also ``summary.json``)."""
-    from pofe.loops.rlaif_data import load_prompts
+    from pofe.data.prompts import load_prompt_texts as load_prompts
     from pofe.training import (
         Reference,
         latest_checkpoint,

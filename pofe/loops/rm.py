@@ -326,7 +326,7 @@ def split_pairs(pairs: list[PreferencePair], fraction: float, seed: int) -> tupl
 
 def run(cfg: RMConfig, *, model=None, tokenizer=None) -> dict[str, Any]:
     """Setup -> train -> evaluate -> save (``<run>/model`` is a save_pretrained directory)."""
-    from pofe.loops.rlaif_data import load_pairs
+    from pofe.data.preferences import load_pairs
     from pofe.training import save_final, seed_everything
 
     # --- setup

@@ -180,7 +180,8 @@ def _load(name: str, cfg: SelfRewardConfig):
 
 def seed_stage(cfg: SelfRewardConfig, inp: Inputs, it_dir: Path) -> tuple[str, dict[str, Any]]:
     """M1: (SFT baseline -> EFT data ->) SFT on IFT + EFT. Returns M1's path and counts."""
-    from pofe.loops.sft import SFTConfig, SFTDataConfig, load_examples, run as sft_run
+    from pofe.data.sft import SFTExample, load_examples
+    from pofe.loops.sft import SFTConfig, SFTDataConfig, run as sft_run
 
     s = cfg.seed_sft
     info: dict[str, Any] = {}
@@ -209,8 +210,6 @@ def seed_stage(cfg: SelfRewardConfig, inp: Inputs, it_dir: Path) -> tuple[str, d
                             seed=cfg.seed)
             free(model, judge)
         info["eft"] = json.loads((data_dir / "eft_stats.json").read_text())
-        from pofe.loops.sft import SFTExample
-
         eft = [SFTExample(r["prompt"], r["response"], "eft") for r in read_jsonl(eft_path)]
         if s.eft_max_ratio is not None and len(eft) > s.eft_max_ratio * len(ift):
             eft = random.Random(cfg.seed).sample(eft, int(s.eft_max_ratio * len(ift)))

@@ -28,7 +28,8 @@ import torch
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.data.prompts import DataError, PROMPT_FIELDS, load_rows
+from pofe.data.io import DataError
+from pofe.data.sft import RESPONSE_FIELDS, SFTExample, load_examples, to_example  # noqa: F401
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
 from pofe.runs import RunConfig, atomic_write_text, open_run, write_config
@@ -51,9 +52,6 @@ from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
-
-RESPONSE_FIELDS = ("response", "output", "completion", "answer", "target")
-
 
 # ----------------------------------------------------------------------------- config
 
@@ -112,48 +110,8 @@ class SFTConfig(PofeConfig):
 
 # ----------------------------------------------------------------------------- data
 
-@dataclass(frozen=True)
-class SFTExample:
-    """A prompt (text or chat messages without the final answer) and its target response."""
-
-    prompt: str | tuple[dict[str, str], ...]
-    response: str
-    source: str = "ift"
-
-
-def example_from_row(row: Any, where: str, source: str = "ift") -> SFTExample:
-    """Read one training row; errors name the file and line."""
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with prompt and response fields")
-    if isinstance(row.get("messages"), list) and not any(isinstance(row.get(f), str) for f in PROMPT_FIELDS):
-        msgs = row["messages"]
-        if not msgs or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
-            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-        if msgs[-1]["role"] != "assistant" or len(msgs) < 2:
-            raise DataError(f"{where}: 'messages' must end with the assistant's answer")
-        return SFTExample(tuple({"role": m["role"], "content": m["content"]} for m in msgs[:-1]), msgs[-1]["content"], source)
-    if isinstance(row.get("instances"), list) and row["instances"] and "instruction" in row:  # Self-Instruct seed task
-        inst = row["instances"][0]
-        prompt = row["instruction"] + (f"\n\n{inst['input']}" if inst.get("input") else "")
-        return SFTExample(prompt, inst["output"], source)
-    prompt = next((row[f] for f in PROMPT_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
-    if prompt is not None and "instruction" in row and isinstance(row.get("input"), str) and row["input"].strip():
-        prompt = f"{row['instruction']}\n\n{row['input']}"  # Alpaca-style instruction + input
-    response = next((row[f] for f in RESPONSE_FIELDS if isinstance(row.get(f), str)), None)
-    if prompt is None or response is None:
-        raise DataError(f"{where}: need a prompt field ({'/'.join(PROMPT_FIELDS)}) and a response field "
-                        f"({'/'.join(RESPONSE_FIELDS)}); fields: {sorted(row)}")
-    return SFTExample(prompt, response, source)
-
-
-def load_examples(paths: Sequence[str], source: str, limit: int | None = None) -> list[SFTExample]:
-    out: list[SFTExample] = []
-    for path in paths:
-        if not Path(path).exists():
-            raise DataError(f"{source} file not found: {path}")
-        rows = [example_from_row(row, where, source) for where, row in load_rows(path)]
-        out.extend(rows[:limit] if limit else rows)
-    return out
+# The mapping from rows lives in the data layer (pofe.data.sft); the old names stay importable.
+example_from_row = to_example
 
 
 def load_sft_data(cfg: SFTDataConfig, seed: int = 0) -> tuple[list[SFTExample], dict[str, int]]:

@@ -90,15 +90,16 @@ def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard
             return None
         p = 1.0
 
-    def ids(text: str, prompt: bool) -> tuple[int, ...]:
-        key = (prompt, text)
+    def ids(text: str, prompt: bool, messages=None) -> tuple[int, ...]:
+        key = (prompt, text)  # a conversation's text is its full transcript, so it keys it too
         if key not in cache:
-            if prompt:
-                cache[key] = tuple(tokenizer(apply_chat_template(tokenizer, text), add_special_tokens=False)["input_ids"])
+            if prompt:  # a conversational pair renders every turn, system message included
+                rendered = apply_chat_template(tokenizer, list(messages) if messages else text)
+                cache[key] = tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
             else:
                 cache[key] = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos_id,)
         return cache[key]
-    return TokenPair(ids(pair.prompt, True), ids(chosen, False), ids(rejected, False), p,
+    return TokenPair(ids(pair.prompt, True, getattr(pair, "messages", None)), ids(chosen, False), ids(rejected, False), p,
                      str(pair.provenance.get("pair_id") or pair.provenance.get("source", "")))
 
 
