@@ -332,6 +332,11 @@ def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir
     assert s["inconsistent_pairs"] == judged == sum(r["inconsistent_pairs"] for r in rows)
     assert s["text_fallback_labels"] == judged
     assert s["label_filter"] == {"drop_inconsistent": True, "min_margin": 0.0}
+    from pofe.cli.online import describe
+
+    text = describe(s, cfg)  # what the CLI prints: the filter, its counts, and that nothing was trained
+    assert f"drop inconsistent orders on ({judged} dropped)" in text and f"{judged} text-fallback labels" in text
+    assert "no pair was trained" in text
 
 
 @pytest.mark.parametrize("key,value", [("loss.beta", "-0.1"), ("loss.beta", "0"), ("train.batch_size", "0"),

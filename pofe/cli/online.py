@@ -40,6 +40,8 @@ def describe(summary: dict[str, Any], cfg) -> str:
     if s.get("seconds_per_step"):
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s["time_split"].items() if v)
         lines.append(f"  speed: {s['seconds_per_step']:.2f} s/step (median) — {split}")
+    if not s.get("trained_pairs"):
+        lines.append("  warning: no pair was trained (the policy is unchanged); see the counts above")
     lines.append(f"  run folder: {s['run_dir']} (config.yaml, metrics.jsonl, ledger.jsonl, checkpoints/, final/)")
     return "\n".join(lines)
 

@@ -32,7 +32,7 @@ from pofe.data.io import DataError
 from pofe.data.sft import RESPONSE_FIELDS, SFTExample, load_examples, to_example  # noqa: F401
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
-from pofe.runs import RunConfig, atomic_write_text, open_run, write_config
+from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import (
     ModelConfig,
     OptimConfig,
@@ -267,9 +267,11 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
     # --- save
     policy.eval()
     final = save_final(policy, tok, run_dir / "final")
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("loss") is not None]
     summary = {
         "run_dir": str(run_dir), "final_model": str(final), "steps": total, "resumed_from_step": start,
         "examples": len(data), "data": data_stats, "dropped": dropped, "examples_per_step": bs,
+        # from metrics.jsonl, so that a resumed run summarises the whole run
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "loss_last_mean": sum(losses[-5:]) / len(losses[-5:]) if losses else None,
         "seconds": round(time.time() - t_start, 2),
