@@ -185,10 +185,10 @@ def test_report_label_run(tmp_path):
 
 def test_report_rm_run(tmp_path):
     d = tmp_path / "rm"
-    _jsonl(d / "metrics.jsonl", [{"step": s, "epoch": 0, "loss": 0.7 - 0.05 * s, "accuracy": 0.5 + 0.04 * s,
+    _jsonl(d / "metrics.jsonl", [{"step": s, "epoch": 0, "loss": 0.7 - 0.05 * s, "rewards/accuracies": 0.5 + 0.04 * s,
                                   "eval_accuracy": 0.6 if s == 4 else None} for s in range(1, 6)])
-    (d / "model").mkdir()
-    (d / "model" / "pofe_reward_model.json").write_text("{}")
+    (d / "final").mkdir()
+    (d / "final" / "pofe_reward_model.json").write_text("{}")
     table = [{"bin": [b / 10, (b + 1) / 10], "n": 4, "mean_pred": b / 10 + 0.05, "mean_label": b / 10 + 0.02} for b in range(10)]
     (d / "summary.json").write_text(json.dumps({"train_pairs": 40, "eval_before": {"n": 20, "n_decided": 20, "accuracy": 0.5},
                                                 "eval": {"n": 20, "n_decided": 20, "accuracy": 0.8, "ece": 0.03,
@@ -200,7 +200,8 @@ def test_report_rm_run(tmp_path):
 
 def test_report_rl_run(tmp_path):
     d = tmp_path / "rl"
-    rows = [{"step": s, "reward": 0.1 * s, "reward_std": 0.1, "kl": 0.01, "kl_k3": 0.01, "length": 20.0 + s,
+    rows = [{"step": s, "objective/scores": 0.1 * s, "objective/scores_std": 0.1, "objective/kl": 0.01,
+             "objective/kl_k3": 0.01, "length": 20.0 + s,
              "judge": {"top_of_scale_share": 0.8 if s == 6 else 0.1}} for s in range(1, 7)]
     _jsonl(d / "metrics.jsonl", rows)
     (d / "summary.json").write_text(json.dumps({"algo": "rloo", "eval_before": {"reward": 0.1, "n": 8},

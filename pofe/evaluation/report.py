@@ -103,9 +103,9 @@ def detect_kind(run: "RunData") -> str:
     if run.iterations:
         return "self-reward"
     sm = run.summary or {}
-    if "train_pairs" in sm or (d / "model" / "pofe_reward_model.json").exists():
+    if "train_pairs" in sm or (d / "final" / "pofe_reward_model.json").exists():
         return "rm"
-    if "algo" in sm or any("kl_k3" in r or "reward_std" in r for r in run.metrics):
+    if "algo" in sm or any("objective/kl_k3" in r for r in run.metrics):
         return "rl"
     if run.metrics or run.ledger_p:
         return "online"
@@ -549,7 +549,7 @@ def _rm_plots(run: RunData, add) -> None:
     rows = run.metrics
     add("loss", "Training loss", "Soft Bradley-Terry loss per step.", _line(rows, [("loss", "loss")], "RM training loss", "loss"))
     add("accuracy", "Accuracy", "Batch accuracy of sign(margin) against the label, and held-out accuracy at eval steps.",
-        _line(rows, [("accuracy", "train batch"), ("eval_accuracy", "held out")], "RM accuracy", "accuracy",
+        _line(rows, [("rewards/accuracies", "train batch"), ("eval_accuracy", "held out")], "RM accuracy", "accuracy",
               ylim=(0, 1.02), hline=0.5))
     sm = run.summary or {}
     ev, before = sm.get("eval") or {}, sm.get("eval_before") or {}
@@ -573,9 +573,9 @@ def _rm_plots(run: RunData, add) -> None:
 def _rl_plots(run: RunData, add) -> None:
     rows = run.metrics
     add("reward", "Reward", "Mean reward of the sampled responses per step (and the monitor reward, never optimised).",
-        _line(rows, [("reward", "reward"), ("monitor", "monitor")], "Reward per step", "reward"))
+        _line(rows, [("objective/scores", "reward"), ("monitor", "monitor")], "Reward per step", "reward"))
     add("kl", "KL to the reference", "k1 and k3 estimates of KL(policy || reference) per step; jumps are flagged above.",
-        _line(rows, [("kl", "KL (k1)"), ("kl_k3", "KL (k3)")], "KL to the reference", "nats"))
+        _line(rows, [("objective/kl", "KL (k1)"), ("objective/kl_k3", "KL (k3)")], "KL to the reference", "nats"))
     rw = run.config.get("reward") if isinstance(run.config.get("reward"), dict) else {}
     unit = (rw.get("unit", "tokens") if rw.get("kind", "programmatic") == "programmatic"
             else "characters of text (the judge / reward model reads the response)") if run.config else "not recorded"
@@ -644,7 +644,8 @@ def make_plots(run: RunData) -> list[Plot]:
 def flags(run: RunData) -> list[str]:
     """Reward-hacking signs (rlaif-constitutional-ai "Failure modes"): KL jumps, judge scores
     piled at the top of the scale, overconfident labels."""
-    out = _kl_flags(run.metrics, "kl")
+    # TRL's name (rl, rm) or pofe's older one
+    out = _kl_flags(run.metrics, "objective/kl" if any("objective/kl" in r for r in run.metrics) else "kl")
     tops = [(r.get("step"), (r.get("judge") or {}).get("top_of_scale_share")) for r in run.metrics]
     tops = [(s, v) for s, v in tops if _num(v) is not None]
     if tops and tops[-1][1] >= 0.5:
