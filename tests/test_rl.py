@@ -167,8 +167,8 @@ def test_run_smoke_monitor_unscored_and_reload(tmp_path, tokenizer):
     # TRL's metric names, so rl runs overlay with TRL's
     assert {"loss", "objective/scores", "objective/kl", "objective/entropy", "learning_rate", "grad_norm", "step"} <= set(rows[0])
     assert rows[0]["objective/entropy"] > 0  # −Σ log π of sampled tokens
-    assert (tmp_path / "rl" / "checkpoints" / "step-1" / "trainer_state.pt").exists()
-    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.pt").exists()
+    assert (tmp_path / "rl" / "checkpoints" / "step-1" / "trainer_state.json").exists()
+    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.json").exists()
     assert s["final_model"] == str(tmp_path / "rl" / "final")
     from transformers import AutoModelForCausalLM
 

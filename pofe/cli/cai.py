@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             harmful = load_prompts(cfg.harmful, limit=cfg.n)
         except (ValueError, FileNotFoundError) as e:
             fail(str(e))
-        m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         rep = evaluate_refusal(m, tok, benign, harmful, sampling=cfg.sampling, seed=cfg.seed)
         rep["model"] = cfg.model.name
         if json_out:

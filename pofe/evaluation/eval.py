@@ -35,6 +35,7 @@ from pofe.evaluation.winrate import (
 )
 from pofe.generation import SamplingConfig
 from pofe.judges.registry import JudgeConfig
+from pofe.training import DeviceConfig
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ class EvalConfig(PofeConfig):
     limit: int | None = None
     """Use only the first N prompts."""
     judge: JudgeConfig = JudgeConfig()
+    model: DeviceConfig = DeviceConfig()
+    """Device and dtype of the policies generated here (``model.device``: auto|cpu|cuda|mps)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.7)
     length_unit: Literal["chars", "words"] = "chars"
     n_buckets: int = 4
@@ -189,7 +192,7 @@ def _generate(spec: str, prompts: list, cfg: EvalConfig) -> list[str]:
 
     if spec not in _MODELS:
         _MODELS.clear()  # one policy in memory at a time
-        _MODELS[spec] = load_model(resolve_policy_model(spec))
+        _MODELS[spec] = load_model(resolve_policy_model(spec), dtype=cfg.model.dtype, device=cfg.model.device)
     model, tok = _MODELS[spec]
     outs = generate(model, tok, prompts, n=1, sampling=cfg.sampling, seed=cfg.seed)
     return [o[0].text for o in outs]

@@ -189,7 +189,7 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     if model is None and generate_fn is None and done_chunks < len(chunks):
         from pofe.models import load_model
 
-        model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
     log.info("cai revise: %d red-team + %d benign prompts, %d round(s), constitution %s (%s), %d/%d chunks done",
              len(prompts), len(benign), cfg.rounds, constitution.name, constitution.version, done_chunks, len(chunks))
 

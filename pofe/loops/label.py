@@ -239,7 +239,7 @@ def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=Non
         if policy is None:
             from pofe.models import load_model
 
-            policy, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+            policy, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         pairs = sample_pairs(policy, tokenizer, prompts, cfg.sampling, cfg.seed)
     atomic_write_text(saved, "".join(json.dumps({"prompt": x, "response_a": a, "response_b": b}, ensure_ascii=False) + "\n"
                                      for x, a, b in pairs))

@@ -58,15 +58,15 @@ from pofe.models import resolve_model_path
 from pofe.evaluation.vs_initial import evaluate_vs_initial
 from pofe.records import Completion, Prompt
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
-from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint, load_policy,
-                           make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
-                           seed_everything)
+from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, fault_point, final_complete,
+                           latest_checkpoint, load_checkpoint, load_policy, make_optimizer, make_scheduler,
+                           prune_checkpoints, save_checkpoint, save_final, seed_everything)
 from pofe.training.dap import TokenPair, dap_backward, tokenize_pair
 from pofe.training.ledger import loss_row, offset, resume_files
 from pofe.training.metrics import step_metrics, summarise
 from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
                                         prompt_input, sample_and_annotate, zero_counts)
-from pofe.training.parallel import fault, gather, make_accelerator, reduce_sum, step_seed, weights_identical
+from pofe.training.parallel import gather, make_accelerator, reduce_sum, step_seed, weights_identical
 from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
@@ -362,7 +362,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         t_step = time.perf_counter()
         sp = MODES[cfg.mode](lp, step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
         times, pairs = sp.times, sp.pairs
-        fault(step, "after_judge")
+        fault_point(f"{step}:after_judge")
 
         # 4. the DAP update on this process's pairs; gradients averaged over processes
         n_global = reduce_sum(acc, len(pairs))
@@ -371,6 +371,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                                normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward,
                                no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, device=acc.device)
+            for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
+                check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
             t_opt = time.perf_counter()
             if cfg.optim.grad_clip:
                 grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
@@ -411,13 +413,13 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
                                        "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": cfg.mode})
                 prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
             acc.wait_for_everyone()
-            fault(step, "after_checkpoint")
+            fault_point(f"{step}:after_checkpoint")
 
     # ------------------------------------------------------------------ save
     bar.close()
     final_dir = run_dir / "final"
     if main:
-        if step > start or not final_dir.exists():
+        if step > start or not final_complete(final_dir):  # a torn final/ is rewritten from the checkpoint
             save_final(acc.unwrap_model(ddp_policy), tok, final_dir)
         sink.close()
         if lp.ledger is not None:

@@ -36,6 +36,8 @@ from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_
 from pofe.training import (
     ModelConfig,
     OptimConfig,
+    check_finite,
+    fault_point,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -234,7 +236,8 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
     bar = Progress(cfg.log, total=total, initial=start, desc="pofe sft")
     try:
         for step in range(start, total):
-            items = [data[i] for i in batch_indices(step, bs, len(data), cfg.seed)]
+            idx = batch_indices(step, bs, len(data), cfg.seed)
+            items = [data[i] for i in idx]
             n_tok = sum(len(x.response_ids) for x in items)
             optimizer.zero_grad(set_to_none=True)
             total_nll = 0.0
@@ -247,6 +250,7 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
             if cfg.optim.grad_clip is not None:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), cfg.optim.grad_clip))
             lr = optimizer.param_groups[0]["lr"]
+            check_finite(total_nll, step=step + 1, detail=f"examples {idx}")
             optimizer.step()
             scheduler.step()
             loss = total_nll / n_tok
@@ -256,10 +260,12 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
                    "eft_share": sum(x.source == "eft" for x in items) / len(items)}
             sink.write(row)
             bar.update(row)
+            fault_point(f"{done}:after_step")  # crash/resume suite: metrics written, no checkpoint yet
             if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{done}", model=policy, optimizer=optimizer,
                                 scheduler=scheduler, step=done)
                 prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
+                fault_point(f"{done}:after_checkpoint")  # crash/resume suite (POFE_FAULT)
     finally:
         bar.close()
         sink.close()

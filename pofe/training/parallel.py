@@ -1,6 +1,6 @@
 """Data-parallel plumbing shared by the training loops (accelerate): the accelerator, object
-gathering and sums across processes, a weights digest to check that copies agree, the
-per-step seed, and the SIGKILL fault hook the crash-resume tests use.
+gathering and sums across processes, a weights digest to check that copies agree, and the
+per-step seed.
 
 Kept out of the loops so that a loop reads as its recipe (setup -> loop -> save).
 """
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import signal
 
 import torch
 
@@ -75,10 +73,3 @@ def weights_identical(acc, model) -> bool | None:
     if len(set(digests)) != 1:
         log.error("processes ended with different weights: %s", digests)
     return len(set(digests)) == 1
-
-
-def fault(step: int, phase: str) -> None:
-    """Fault injection for the crash-resume tests: POFE_FAULT=STEP:PHASE sends SIGKILL to this
-    process (no cleanup, no flush beyond what the loop already did)."""
-    if os.environ.get("POFE_FAULT") == f"{step}:{phase}":
-        os.kill(os.getpid(), signal.SIGKILL)
