@@ -27,7 +27,7 @@ save). Sampling, labelling, the DAP update, metrics and data-parallel plumbing l
 Data parallel (built on accelerate; each process samples and labels its own prompts, the
 gradients are all-reduced, process 0 writes the run folder)::
 
-    torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set train.device=cpu  # CPU, gloo (tested)
+    torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
     accelerate launch --num_processes 8 -m pofe.cli.main online --config C.yaml                # GPUs, DDP
     accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # DeepSpeed ZeRO-1/2
 
@@ -106,8 +106,6 @@ class TrainSettings(PofeConfig):
     vs worst (by mean win probability) is trained on."""
     iterative_every: int = Field(4, ge=1)
     """mode=iterative: regenerate and relabel every K steps (K=1 is online)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto = CUDA when available. Data-parallel runs come from torchrun / accelerate launch."""
 
 
 class DataSettings(PofeConfig):
@@ -304,7 +302,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     # ------------------------------------------------------------------ setup
     offline = cfg.mode == "offline"
     items, eval_prompts = load_data(cfg)  # first: a bad file fails in a second, before any run folder
-    acc = make_accelerator(cfg.train.device)
+    acc = make_accelerator(cfg.model.device)  # data-parallel runs come from torchrun / accelerate launch
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     run_dir = Path(gather(acc, str(open_run(cfg.run, "online", resume=resume)) if main else None)[0])
     if main:

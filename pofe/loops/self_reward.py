@@ -175,7 +175,7 @@ def _judge_runtime(cfg: SelfRewardConfig, model, tok, tag: str) -> dict[str, Any
 def _load(name: str, cfg: SelfRewardConfig):
     from pofe.models import load_model
 
-    return load_model(name, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    return load_model(name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
 
 
 def seed_stage(cfg: SelfRewardConfig, inp: Inputs, it_dir: Path) -> tuple[str, dict[str, Any]]:
@@ -257,7 +257,8 @@ def dpo_stage(cfg: SelfRewardConfig, prev_model: str, aift_path: Path, n_pairs: 
     every = max(1, math.ceil(steps / k)) if k > 1 else 0
     ocfg = online.OnlineConfig(
         mode="offline", seed=stage_seed(cfg.seed, "dpo", t),
-        model=ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+        model=ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
+                          trust_remote_code=cfg.model.trust_remote_code,
                           gradient_checkpointing=cfg.model.gradient_checkpointing, lora=cfg.model.lora),
         loss=online.LossSettings(name="dpo", beta=d.beta, labels="hard"),
         optim=d.optim,
@@ -279,8 +280,8 @@ def _checkpoint_policy(cfg: SelfRewardConfig, prev_model: str, ckpt: Path | None
 
     if ckpt is None:
         return _load(str(final), cfg)
-    mcfg = ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-                       lora=cfg.model.lora)
+    mcfg = ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
+                       trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
     model, tok = load_policy(mcfg)
     load_checkpoint(ckpt, model=model, restore_rng=False)
     model.eval()

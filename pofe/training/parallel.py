@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def make_accelerator(device: str, *, command: str = "pofe online"):
-    """An ``accelerate.Accelerator`` (CPU when asked or when no GPU is there). FSDP and
+    """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there). FSDP and
     ZeRO-3 are refused: sampling from the current policy needs the parameters whole, and a
     sharded generate would hang rather than fail."""
     from accelerate import Accelerator
