@@ -223,8 +223,6 @@ def test_model_adapter_continues_training_an_existing_adapter(tiny_model_dir, tm
 # converting that command to a ``model:`` section. The test fails both when a new load ignores
 # the device and when one listed here is fixed (then remove it from the list).
 DEVICE_PENDING = {
-    ("pofe/loops/self_reward.py", "load_model"),    # loopsa
-    ("pofe/loops/self_reward.py", "ModelConfig"),   # loopsa: per-iteration ModelConfig(...) drops model.device
     ("pofe/judges/reward_model.py", "load_model"),  # judges
 }
 
