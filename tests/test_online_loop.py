@@ -102,7 +102,24 @@ def test_winrate_counts_ties_and_unlabelled():
     counts, rows = winrate(FakeJudge(lambda x, a, b: ps[a]), prompts, cur, init)
     assert counts == {"wins": 1, "ties": 2, "losses": 1, "unlabelled": 1}
     assert winrate_value(counts) == pytest.approx((1 + 0.5 * 2) / 4)
-    assert rows[0]["p"] == 0.9 and rows[2]["p"] is None
+    assert rows[0]["p_ab"] == 0.9 and rows[0]["outcome"] == 1 and rows[2]["p_ab"] is None and rows[2]["identical"]
+
+
+def test_winrate_orders_that_disagree_are_a_tie_as_in_eval():
+    """The one tie rule (issue 10/13): p_ab = 0.8 but p_ba = 0.4 (the judge prefers whichever
+    is first) is a tie in the online eval, exactly as in ``pofe eval`` — not a win."""
+    from pofe.records import Judgment
+
+    class Positional:
+        id = "positional"
+
+        def judge(self, prompts, a, b, *, references=None):
+            return [Judgment(p=0.6, p_ab=0.8, p_ba=0.4, consistent=False, parse_ok=True, judge_id=self.id)
+                    for _ in prompts]
+
+    counts, rows = winrate(Positional(), [Prompt("q")], [_c("a")], [_c("b")])
+    assert counts == {"wins": 0, "ties": 1, "losses": 0, "unlabelled": 0}
+    assert rows[0]["outcome"] == 0
 
 
 # ------------------------------------------------------------------ whole runs on the tiny model

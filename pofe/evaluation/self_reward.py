@@ -60,24 +60,14 @@ def as_pairwise(judge):
 
 
 def head_to_head(judge, prompts: Sequence[str], a: Sequence[str], b: Sequence[str]) -> dict[str, Any]:
-    """W/T/L of A vs B, both orders, a disagreement between orders = a tie (the paper's
-    protocol; FastChat). Identical responses are ties without a judge call; pairs the judge
-    could not read are dropped and counted."""
-    from pofe.evaluation.eval import LOSS, TIE, WIN, judge_pairs, pair_outcome
+    """W/T/L of A vs B under the one tie rule of :mod:`pofe.evaluation.winrate` (both orders;
+    a disagreement between orders = a tie — the paper's protocol, FastChat's). Identical
+    responses are ties without a judge call; unreadable pairs are dropped and counted."""
+    from pofe.evaluation import winrate
 
-    outcomes: list[int | None] = [TIE if x == y else None for x, y in zip(a, b)]
-    todo = [i for i, o in enumerate(outcomes) if o is None]
-    if todo:
-        pj = as_pairwise(judge)
-        pairs = judge_pairs(pj, [prompts[i] for i in todo], [a[i] for i in todo], [b[i] for i in todo])
-        for i, (ab, ba) in zip(todo, pairs):
-            outcomes[i] = pair_outcome(ab, ba)
-    w = sum(o == WIN for o in outcomes)
-    t = sum(o == TIE for o in outcomes)
-    l_ = sum(o == LOSS for o in outcomes)
-    n = w + t + l_
-    return {"wins": w, "ties": t, "losses": l_, "n": n, "dropped_unparsed": len(outcomes) - n,
-            "win_rate": w / n if n else None, "win_rate_adjusted": (w + 0.5 * t) / n if n else None}
+    h = winrate.head_to_head(as_pairwise(judge), prompts, a, b)
+    h.pop("pairs")
+    return h
 
 
 def rm_eval(judge, groups: Sequence[RankedPrompt], max_score: float = 5.0) -> dict[str, Any]:

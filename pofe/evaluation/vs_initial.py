@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from pofe.evaluation.winrate import head_to_head, wilson_interval
 from pofe.generation import SamplingConfig, generate
 from pofe.records import Completion, Prompt
 from pofe.runs import JsonlWriter
@@ -21,27 +22,15 @@ from pofe.training.parallel import gather, reduce_sum
 
 def winrate(judge, prompts: Sequence[Prompt], current: Sequence[Completion], initial: Sequence[Completion],
             judge_context: Callable = contextlib.nullcontext) -> tuple[dict[str, int], list[dict]]:
-    """Win / tie / loss counts of the current policy (A) against the initial one (B); the
-    judge scores both orders. Identical responses are ties without a judge call; a judge
-    p=None is counted as unlabelled and left out of the rate."""
-    counts = {"wins": 0, "ties": 0, "losses": 0, "unlabelled": 0}
+    """Win / tie / loss counts of the current policy (A) against the initial one (B) under
+    the one tie rule of :mod:`pofe.evaluation.winrate` (the judge reads both orders; orders
+    that disagree are a tie, as in ``pofe eval``). Identical responses are ties without a
+    judge call; an unreadable pair is counted as unlabelled and left out of the rate."""
+    h = head_to_head(judge, [p.text for p in prompts], [c.text for c in current], [i.text for i in initial],
+                     references=[p.reference for p in prompts], judge_context=judge_context)
+    counts = {"wins": h["wins"], "ties": h["ties"], "losses": h["losses"], "unlabelled": h["dropped_unparsed"]}
     rows = [{"prompt": p.text, "current": c.text, "initial": i.text, "len_current": c.num_tokens,
-             "len_initial": i.num_tokens, "p": None} for p, c, i in zip(prompts, current, initial)]
-    todo = [k for k, r in enumerate(rows) if r["current"] != r["initial"]]
-    verdicts = []
-    if todo:
-        with judge_context():
-            verdicts = judge.judge([prompts[k].text for k in todo], [rows[k]["current"] for k in todo],
-                                   [rows[k]["initial"] for k in todo], references=[prompts[k].reference for k in todo])
-    for k, v in zip(todo, verdicts):
-        rows[k]["p"] = v.p
-    for r in rows:
-        if r["current"] == r["initial"]:
-            counts["ties"] += 1
-        elif r["p"] is None:
-            counts["unlabelled"] += 1
-        else:
-            counts["wins" if r["p"] > 0.5 else "losses" if r["p"] < 0.5 else "ties"] += 1
+             "len_initial": i.num_tokens, **pr} for p, c, i, pr in zip(prompts, current, initial, h["pairs"])]
     return counts, rows
 
 
@@ -70,6 +59,9 @@ def evaluate_vs_initial(acc, policy, tok, judge, judge_ctx, prompts: Sequence[Pr
         with JsonlWriter(run_dir / "eval" / f"step-{step}.jsonl") as w:
             for r in all_rows:
                 w.write(r)
-    return {"winrate_vs_init": winrate_value(g), "eval_wins": g["wins"], "eval_ties": g["ties"],
+    n = g["wins"] + g["ties"] + g["losses"]
+    lo, hi = wilson_interval(g["wins"] + 0.5 * g["ties"], n)
+    return {"winrate_vs_init": winrate_value(g), "winrate_vs_init_ci95": [lo, hi] if n else [None, None],
+            "eval_wins": g["wins"], "eval_ties": g["ties"],
             "eval_losses": g["losses"], "eval_unlabelled": g["unlabelled"],
             "eval_mean_len": tot_len / n_eval if n_eval else None, "time_eval": time.perf_counter() - t0}
