@@ -51,7 +51,7 @@ def main(argv=None) -> dict:
     sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
-            "model.dtype=float32", "train.device=cpu", "eval.enabled=false", f"run.output_dir={out}",
+            "model.dtype=float32", "model.device=cpu", "eval.enabled=false", f"run.output_dir={out}",
             "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
     if args.prompts:
         sets.append(f"data.prompts={args.prompts}")

@@ -54,6 +54,11 @@ class LossOutput:
 
 
 class PreferenceLoss(Protocol):
+    """What a DAP loss is (the loss registry's value type, what ``dap_backward`` calls): a pure
+    function of summed completion log-probs of policy and reference on chosen / rejected
+    responses, with ``p`` = P(chosen better) as a soft label (1.0 = a hard label). A new loss
+    is one function with this signature added to :data:`LOSSES`."""
+
     def __call__(
         self,
         policy_chosen_logps: torch.Tensor,
@@ -128,7 +133,7 @@ def slic(
     return LossOutput(losses, cr, rr, cr - rr)
 
 
-LOSSES: dict[str, Callable[..., LossOutput]] = {"dpo": dpo, "ipo": ipo, "slic": slic}
+LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic}
 
 
 # ----------------------------------------------------------------------------- reward-model losses
@@ -153,7 +158,7 @@ def soft_bt_loss(margin: torch.Tensor, p: float | torch.Tensor = 1.0) -> torch.T
 RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"soft-bt": soft_bt_loss}
 
 
-def get_loss(name: str) -> Callable[..., LossOutput]:
+def get_loss(name: str) -> PreferenceLoss:
     try:
         return LOSSES[name]
     except KeyError:

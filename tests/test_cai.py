@@ -249,11 +249,11 @@ def test_cai_revise_then_sft_end_to_end(tmp_path, tiny_model_dir):
                           refusal={"enabled": False}, run={"output_dir": str(tmp_path), "name": "cai"})
     s = run(cfg)
     assert s["sft_examples"] == 3
-    scfg = sft_mod.SFTConfig(model={"name": str(tiny_model_dir)}, data={"ift": [s["files"]["sft"]]}, max_steps=2,
-                             batch_size=2, micro_batch_size=2, optim={"lr": 1e-3, "warmup_steps": 0},
+    scfg = sft_mod.SFTConfig(model={"name": str(tiny_model_dir)}, data={"ift": [s["files"]["sft"]]},
+                             train={"steps": 2, "batch_size": 2, "grad_accum": 1}, optim={"lr": 1e-3, "warmup_steps": 0},
                              run={"output_dir": str(tmp_path), "name": "sft"})
     out = sft_mod.run(scfg)
     from pofe.models import load_model
 
-    m, tok = load_model(out["model_dir"])
+    m, tok = load_model(out["final_model"])
     assert m.config.vocab_size == len(tok)

@@ -485,7 +485,7 @@ def _online_plots(run: RunData, add) -> None:
         "Share of judged pairs whose two orders prefer the same response, per step.",
         _line(rows, [("consistency_rate", "consistency")], "Position consistency", "rate", ylim=(0, 1.02)))
     add("kl", "KL to the reference", "Per-sequence estimate of KL(policy || initial) on sampled responses.",
-        _line(rows, [("kl", "KL")], "KL to the reference policy", "nats"))
+        _line(rows, [("objective/kl", "KL"), ("kl", "KL")], "KL to the reference policy", "nats"))  # TRL name first
     add("time", "Time split per step", "Seconds per step spent generating, judging and training.", _time_split(rows))
 
 

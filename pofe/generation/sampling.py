@@ -46,8 +46,13 @@ def generate(
     n: int = 1,
     sampling: SamplingConfig | None = None,
     seed: int | None = None,
+    chat_template: bool = True,
 ) -> list[list[Completion]]:
-    """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt."""
+    """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt.
+
+    ``chat_template=False``: string prompts are raw completion prompts (tokenised as is, with
+    the tokenizer's own special tokens), e.g. a few-shot list the model should continue
+    rather than answer (Self-Instruct)."""
     sampling = sampling or SamplingConfig()
     if seed is not None:
         torch.manual_seed(seed)
@@ -61,8 +66,8 @@ def generate(
     try:
         for start in range(0, len(prompts), sampling.batch_size):
             chunk = prompts[start : start + sampling.batch_size]
-            texts = [_render(tokenizer, p) for p in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
             do_sample = sampling.temperature > 0
             # Greedy decoding gives n identical samples: decode once and repeat (transformers
             # refuses num_return_sequences > 1 without sampling).

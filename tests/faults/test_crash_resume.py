@@ -91,8 +91,6 @@ def _sft_config(tmp_path: Path, model_dir, name: str) -> Path:
     return path
 
 
-@pytest.mark.xfail(strict=True, reason="needs `pofe sft --resume RUN_DIR` to keep the run's config.yaml "
-                                       "(issue 14 defect 1; helper loopsa) -- remove this marker at merge")
 def test_sft_sigkill_at_a_random_point_resumes_exactly(tmp_path, tiny_model_dir):
     point = random.Random(SEED).choice(["1:after_step", "2:after_checkpoint", "3:after_step"])
     full = pofe("sft", "--config", str(_sft_config(tmp_path, tiny_model_dir, "full")))
