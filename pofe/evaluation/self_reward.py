@@ -18,7 +18,6 @@ from pofe.data.eft import RankedPrompt
 from pofe.judges.base import Capability, as_pairwise, has_capability
 from pofe.judges.base import PointwiseAsPairwise as ScoresAsPairwise  # noqa: F401 (one implementation, old name)
 from pofe.judges.config import JudgeConfig
-from pofe.records import Judgment
 
 
 class SelectionSettings(PofeConfig):
