@@ -164,15 +164,22 @@ def test_judge_bad_last_line_and_skip_bad_rows(tmp_path):
         assert r.exit_code == 2 and bad.split("=")[0] in r.stderr
 
 
-def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path, tokenizer, one_torch_thread):
+def _trl(kind: str, data: Path, out: Path) -> dict:
+    """Run TRL on ``data`` in a fresh process (see _trl_consumer.py for why)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("_trl_consumer.py")), kind, str(data), str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path):
     """Acceptance: TRL 1.16's DPOTrainer reads pofe's exports directly (the ``p`` column rides
     along) and trains 2 steps on a tiny model -- standard JSONL, conversational JSONL and a
     save_to_disk folder."""
-    import datasets
-    import trl  # in the test extra: an import error here is a broken test environment, not a skip
-
-    from pofe.models import tiny_causal_lm
-
     run = _label_run(tmp_path)
     _jsonl(tmp_path / "conv" / "preferences.jsonl", [
         {"prompt": CONV, "chosen": [{"role": "assistant", "content": "Pear."}],
@@ -180,33 +187,14 @@ def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path, tokenizer, one_to
     for src, fmt, out in ((run, "trl", "t.jsonl"), (tmp_path / "conv", "trl-conversational", "c.jsonl"),
                           (run, "datasets", "ds")):
         assert runner.invoke(app, ["export", str(src), "--format", fmt, "-o", str(tmp_path / out)]).exit_code == 0
-        ds = (datasets.load_from_disk(str(tmp_path / out)) if fmt == "datasets"
-              else datasets.load_dataset("json", data_files=str(tmp_path / out), split="train"))
-        args = trl.DPOConfig(output_dir=str(tmp_path / f"trl-{fmt}"), max_steps=2, per_device_train_batch_size=2,
-                             report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, max_length=64)
-        trainer = trl.DPOTrainer(model=tiny_causal_lm(tokenizer), ref_model=tiny_causal_lm(tokenizer), args=args,
-                                 train_dataset=ds, processing_class=tokenizer)
-        result = trainer.train()
-        assert result.global_step == 2
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        res = _trl("dpo", tmp_path / out, tmp_path / f"trl-{fmt}")
+        assert res["global_step"] == 2 and "p" in res["columns"]
         # identical policy and reference at step 0: the DPO loss is log 2
-        assert len(losses) == 2 and losses[0] == pytest.approx(0.6931, abs=1e-3)
+        assert len(res["losses"]) == 2 and res["losses"][0] == pytest.approx(0.6931, abs=1e-3)
 
 
-def test_trl_reward_trainer_trains_two_steps_on_a_datasets_export(tmp_path, tokenizer, one_torch_thread):
-    import datasets
-    import trl
-    from transformers import LlamaForSequenceClassification
-
-    from pofe.models import tiny_causal_lm
-
+def test_trl_reward_trainer_trains_two_steps_on_a_datasets_export(tmp_path):
     assert runner.invoke(app, ["export", str(_label_run(tmp_path)), "--format", "datasets",
                                "-o", str(tmp_path / "ds")]).exit_code == 0
-    config = tiny_causal_lm(tokenizer).config
-    config.num_labels = 1
-    args = trl.RewardConfig(output_dir=str(tmp_path / "rm"), max_steps=2, per_device_train_batch_size=2, report_to=[],
-                            use_cpu=True, save_strategy="no", logging_steps=1, max_length=64)
-    trainer = trl.RewardTrainer(model=LlamaForSequenceClassification(config), args=args,
-                                train_dataset=datasets.load_from_disk(str(tmp_path / "ds")), processing_class=tokenizer)
-    assert trainer.train().global_step == 2
-    assert len([h for h in trainer.state.log_history if "loss" in h]) == 2
+    res = _trl("reward", tmp_path / "ds", tmp_path / "rm")
+    assert res["global_step"] == 2 and len(res["losses"]) == 2
