@@ -1,5 +1,7 @@
-"""Sampling from a policy: batched generation with a KV cache (transformers ``generate``)."""
+"""Sampling from a policy: one entry point (:func:`generate`), two engines (``hf``:
+transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with training)."""
 
-from pofe.generation.sampling import SamplingConfig, Generator, HFGenerator, generate
+from pofe.generation.base import ENGINES, Generator, SamplingConfig, VLLMSettings, make_generator
+from pofe.generation.sampling import HFGenerator, generate
 
-__all__ = ["SamplingConfig", "Generator", "HFGenerator", "generate"]
+__all__ = ["ENGINES", "Generator", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]

@@ -8,6 +8,7 @@ Kinds:
 * ``llamacpp`` — starts an xllamacpp server on 127.0.0.1 serving a GGUF (default: the
   embedded model's) and reads it through the OpenAI-compatible backend.
 * ``openai`` — any OpenAI-compatible endpoint (completions or chat, with logprobs).
+* ``vllm`` — pairwise judge on an in-process vLLM engine (``pofe.judges.vllm_backend``).
 * ``rubric`` / ``expected-score`` — pointwise LLM judges (``backend`` picks
   transformers, llamacpp or openai).
 * ``length``, ``keyword``, ``reference-overlap``, ``callable`` — programmatic judges.
@@ -20,6 +21,7 @@ from typing import Any, Callable, Literal
 from pydantic import field_validator
 
 from pofe.config import PofeConfig
+from pofe.generation.base import VLLMSettings
 from pofe.judges.cache import CacheConfig, open_cache
 from pofe.models import DEFAULT_MODEL
 
@@ -121,8 +123,10 @@ class JudgeConfig(PofeConfig):
     """Cut each response to this many characters before rendering (marked with ' [...]')."""
     dtype: str = "float32"
     device: str | None = None
-    backend: Literal["transformers", "llamacpp", "openai"] = "transformers"
+    backend: Literal["transformers", "llamacpp", "openai", "vllm"] = "transformers"
     """Backend of the pointwise kinds (rubric, expected-score)."""
+    vllm: VLLMSettings = VLLMSettings()
+    """kind vllm / backend vllm: the in-process vLLM engine (shared with a vLLM policy of the same model)."""
     cot: CotConfig = CotConfig()
     constitution: str | None = None
     """Constitution name (pofe/constitutions/<name>.yaml) or path; used with the 'constitution' template."""
@@ -193,7 +197,7 @@ def _cache(cfg: JudgeConfig, runtime: dict[str, Any]):
 
 
 def make_backend(cfg: JudgeConfig, kind: str, **runtime):
-    """The backend for ``kind`` (transformers | llamacpp | openai)."""
+    """The backend for ``kind`` (transformers | llamacpp | openai | vllm)."""
     from pofe.judges import backends as B
 
     if kind == "transformers":
@@ -222,6 +226,11 @@ def make_backend(cfg: JudgeConfig, kind: str, **runtime):
                                  backoff_s=e.backoff_s, max_backoff_s=e.max_backoff_s, rate_limit=e.rate_limit,
                                  top_logprobs=e.top_logprobs, tokenizer=runtime.get("tokenizer"),
                                  tokenizer_name=e.tokenizer, chat_prefill=e.chat_prefill, extra_body=e.extra_body)
+    if kind == "vllm":
+        from pofe.judges.vllm_backend import VLLMBackend
+
+        return VLLMBackend(cfg.model, settings=cfg.vllm, tokenizer=runtime.get("tokenizer"),
+                           max_length=cfg.max_length, generator=runtime.get("generator"))
     raise ValueError(f"unknown judge backend {kind!r}")
 
 
@@ -281,6 +290,7 @@ JUDGES: dict[str, Callable[..., object]] = {
     "llm": _pairwise("transformers"),
     "llamacpp": _pairwise("llamacpp"),
     "openai": _pairwise("openai"),
+    "vllm": _pairwise("vllm"),
     "rubric": _rubric,
     "expected-score": _expected_score,
     "length": _length,
