@@ -85,6 +85,11 @@ class Generator(Protocol):
         """Make the engine generate with the bound model's current weights; returns seconds."""
         ...
 
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> "Generator":
+        """The generator of ``model`` (an engine may keep one per model across calls)."""
+        ...
+
 
 def _hf():
     from pofe.generation.sampling import HFGenerator
@@ -108,4 +113,4 @@ def make_generator(model, tokenizer, sampling: SamplingConfig) -> Generator:
         cls = ENGINES[sampling.engine]()
     except KeyError:
         raise ValueError(f"unknown generation engine {sampling.engine!r}; choose one of {sorted(ENGINES)}") from None
-    return cls(model, tokenizer, sampling)
+    return cls.bind(model, tokenizer, sampling)

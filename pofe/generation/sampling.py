@@ -33,12 +33,10 @@ def generate(
 ) -> list[list[Completion]]:
     """Sample ``n`` completions for each prompt from ``model``'s current weights; returns one
     list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf or vllm)."""
-    sampling = sampling or SamplingConfig()
-    if sampling.engine == "vllm":
-        from pofe.generation.vllm import generator_for
+    from pofe.generation.base import make_generator
 
-        return generator_for(model, tokenizer, sampling).generate(prompts, n, sampling, seed)
-    return HFGenerator(model, tokenizer, sampling).generate(prompts, n, sampling, seed)
+    sampling = sampling or SamplingConfig()
+    return make_generator(model, tokenizer, sampling).generate(prompts, n, sampling, seed)
 
 
 class HFGenerator:
@@ -49,6 +47,10 @@ class HFGenerator:
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig | None = None) -> "HFGenerator":
+        return cls(model, tokenizer, sampling)
 
     def sync(self) -> float:
         return 0.0

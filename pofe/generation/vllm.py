@@ -151,6 +151,7 @@ class Engine:
         log.info("vLLM engine for %s (%s) started in %.1f s", path, settings.dtype, self.load_seconds)
         self.path, self.settings, self.lora = path, settings, lora_rank is not None
         self.holds = "base"  # "base" | ("full", fingerprint) | "broken"
+        self.pinned = False  # True: a judge reads the original weights here
         self.lora_request = None
         self.lora_owner: tuple | None = None
         self._lora_dirs: list[str] = []
@@ -194,17 +195,24 @@ class Engine:
 _POOL: dict[tuple, Engine] = {}
 
 
-def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = None, need_base: bool = False) -> Engine:
-    """The pooled engine for ``path`` (one per process and configuration). ``need_base``:
-    the caller reads the original weights (a frozen judge), so an engine whose weights were
-    replaced by full fine-tuning is not shared."""
+def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = None, judge: bool = False) -> Engine:
+    """The pooled engine for ``path`` (one per process and configuration).
+
+    A generator gets an engine of its own kind (LoRA or full weights). A judge (``judge``)
+    reads the *original* weights: it shares a LoRA engine (base weights never change there)
+    or a full-weight engine nobody has synced, and otherwise gets its own.
+    """
     rp = os.path.realpath(path)
-    for key, eng in _POOL.items():
-        if key[0] == rp and key[1] == settings.dtype and key[2] >= settings.max_model_len and (
-                lora_rank is None or (eng.lora and key[3] >= lora_rank)) and (not need_base or eng.holds == "base"
-                                                                               or eng.lora):
+    for (p, dtype, length, rank, _), eng in _POOL.items():
+        if p != rp or dtype != settings.dtype or length < settings.max_model_len:
+            continue
+        if judge and (eng.lora or eng.holds == "base"):
+            eng.pinned = eng.pinned or not eng.lora  # a full-weight engine now serves pi_0: no generator may sync it
+            return eng
+        if not judge and not eng.pinned and eng.lora == (lora_rank is not None) and (lora_rank is None or rank >= lora_rank):
             return eng
     eng = Engine(path, settings, lora_rank=lora_rank)
+    eng.pinned = judge
     _POOL[(rp, settings.dtype, settings.max_model_len, lora_rank or 0, len(_POOL))] = eng
     return eng
 
@@ -234,6 +242,10 @@ class VLLMGenerator:
         path, self._tmpdir = _model_dir(self.model, tokenizer)
         self.engine = shared_engine(path, self.settings, lora_rank=lora_rank)
         self.eos_ids = _eos_ids(self.model, tokenizer)
+
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> "VLLMGenerator":
+        return generator_for(model, tokenizer, sampling)
 
     @property
     def stale(self) -> bool:

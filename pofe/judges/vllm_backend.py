@@ -78,7 +78,7 @@ class VLLMBackend:
             from pofe.generation.vllm import shared_engine
             from pofe.models import resolve_model_path
 
-            self._engine = shared_engine(resolve_model_path(self.model_name), self.settings, need_base=True)
+            self._engine = shared_engine(resolve_model_path(self.model_name), self.settings, judge=True)
         return self._engine
 
     def _lora(self):

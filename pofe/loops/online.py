@@ -54,7 +54,7 @@ import torch
 from pofe.config import PofeConfig
 from pofe.data.preferences import load_preferences
 from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
-from pofe.generation import SamplingConfig, generate
+from pofe.generation import SamplingConfig, generate, make_generator
 from pofe.judges.registry import JudgeConfig, build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
 from pofe.models import apply_chat_template, resolve_model_path
@@ -486,6 +486,11 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         resume_files(run_dir, start, int(state.get("ledger_offset", 0)))
     acc.wait_for_everyone()
     ddp_policy, optimizer = acc.prepare(policy, optimizer)
+    # The sampling engine. hf samples from the policy's own tensors; vllm keeps a copy that is
+    # synced after optimiser steps (every sampling.vllm.sync_every: semi-online when > 1).
+    # Built before the judges so that a vLLM judge of the same model shares its engine.
+    engine = make_generator(acc.unwrap_model(ddp_policy), tok, cfg.sampling)
+    sync_every, last_sync = cfg.sampling.vllm.sync_every, start
     loss_fn, beta, n_prompts = get_loss(cfg.loss.name), cfg.loss.beta_value, cfg.train.batch_size * cfg.train.grad_accum
 
     cursor = PromptCursor(items, cfg.train.seed, int(state.get("cursor", 0)))  # each process slices every draw
@@ -528,6 +533,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         anns_rows: list[dict] = []
         counts = {"annotations": 0, "trained": 0, "identical": 0, "unlabelled": 0, "ties": 0}
         gen_tokens = gen_chars = samples = 0
+        staleness = step - 1 - last_sync  # optimiser steps the sampling weights lag behind (hf: 0)
 
         # 1-3. prompts -> two samples from pi_theta_t -> AI feedback (or pairs from the file)
         if offline:
@@ -571,6 +577,9 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             optimizer.step()
             times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
         optimizer.zero_grad(set_to_none=True)
+        if engine.name != "hf" and (step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step)):
+            times["sync"] = engine.sync() if engine.stale else 0.0  # raises EngineSyncError: the run stops
+            last_sync = step
         lr = scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
             warnings.simplefilter("ignore", UserWarning)
@@ -589,6 +598,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             row = step_metrics(step=step, annotations=anns_rows, pairs=pair_stats, counts=g_counts, times=times,
                                gen_tokens=int(g_tokens), gen_chars=int(g_chars), num_samples=int(g_samples), lr=lr,
                                grad_norm=grad_norm)
+            row.update(engine=engine.name, time_sync=times.get("sync", 0.0), staleness=max(0, staleness),
+                       engine_syncs=getattr(engine, "syncs", 0))
         if _eval_now(cfg, step):
             ev = _evaluate(cfg, acc, ddp_policy, tok, eval_judge, eval_ctx, my_eval, init_responses, run_dir, step)
             if main:
@@ -625,7 +636,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     summary = summarise(rows, [r for r in rows if r.get("winrate_vs_init") is not None or "eval_wins" in r])
     summary.update(run_dir=str(run_dir), final_model=str(final_dir), mode=cfg.mode, loss=cfg.loss.name, beta=beta,
                    labels=cfg.loss.labels, judge=None if offline else getattr(judge, "id", cfg.judge.kind),
-                   processes=world, resumed_from=start if resume is not None else None)
+                   processes=world, resumed_from=start if resume is not None else None, engine=engine.name,
+                   engine_syncs=getattr(engine, "syncs", 0), engine_sync_seconds=round(getattr(engine, "sync_seconds", 0.0), 3))
     if digests is not None:
         summary["weights_identical_across_processes"] = len(set(digests)) == 1
         if len(set(digests)) != 1:
