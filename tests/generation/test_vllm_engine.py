@@ -19,7 +19,7 @@ K = 3  # optimiser updates
 def _sampling(engine: str, **kw):
     from pofe.generation import SamplingConfig
 
-    extra = {"vllm": {"dtype": "float32", "max_model_len": 512}} if engine == "vllm" else {}
+    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024}} if engine == "vllm" else {}
     return SamplingConfig(engine=engine, **{"temperature": 0.0, "max_new_tokens": 12, **kw}, **extra)
 
 
