@@ -64,8 +64,9 @@ class SamplingConfig(PofeConfig):
     @model_validator(mode="after")
     def _vllm_keys_need_vllm(self):
         # An irrelevant key is an error, not silently ignored (project rule).
-        if self.engine != "vllm" and self.vllm.model_fields_set:
-            key = sorted(self.vllm.model_fields_set)[0]
+        changed = [k for k, v in VLLMSettings().model_dump().items() if getattr(self.vllm, k) != v]
+        if self.engine != "vllm" and changed:
+            key = changed[0]
             raise ValueError(f"vllm.{key} is only used with engine: vllm (engine is {self.engine!r})")
         return self
 

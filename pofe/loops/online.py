@@ -577,7 +577,9 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             optimizer.step()
             times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
         optimizer.zero_grad(set_to_none=True)
-        if engine.name != "hf" and (step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step)):
+        if engine.name == "hf":
+            last_sync = step  # samples from the updated tensors themselves
+        elif step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step):
             times["sync"] = engine.sync() if engine.stale else 0.0  # raises EngineSyncError: the run stops
             last_sync = step
         lr = scheduler.get_last_lr()[0]
