@@ -35,6 +35,11 @@ class VLLMSettings(PofeConfig):
     """CUDA: share of GPU memory for vLLM when it is colocated with training on the same GPU."""
     enforce_eager: bool = True
     """No CUDA graphs / torch.compile: start-up in seconds; on CPU compiling is slower than it pays."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """LoRA policies. adapter: save the adapter and serve it as a new LoRARequest per sync (no merge).
+    merged: push base + scale * B @ A as full weights (``reload_weights``); the trained model stays
+    unmerged. auto = adapter on CUDA, merged on CPU, where vLLM's LoRA path is a torch fallback that
+    gathers the adapter per token (one 8-sample step of SmolLM2 did not finish in 6 minutes here)."""
     sync_every: int = 1
     """Training loops: push the policy's weights to the engine every N optimiser steps. 1 = on-policy
     (OAIF); N > 1 = semi-online (fairseq2 / oat): samples may come from weights up to N-1 steps old,

@@ -7,9 +7,11 @@ boundary, and a dead core process is how a trainer hangs waiting for it (TRL #69
 
 Weight sync (:meth:`VLLMGenerator.sync`):
 
-* LoRA policy: the adapter alone is saved (``save_pretrained``) and served through a new
-  ``LoRARequest`` (new id -> vLLM loads it afresh); the base weights in the engine never
-  change and nothing is merged.
+* LoRA policy, ``lora_sync: adapter`` (auto on CUDA): the adapter alone is saved
+  (``save_pretrained``) and served through a new ``LoRARequest`` (new id -> vLLM loads it
+  afresh); the base weights in the engine never change and nothing is merged.
+  ``lora_sync: merged`` (auto on CPU): W + scale * B @ A is pushed as full weights, because
+  vLLM-CPU's LoRA layers are torch fallbacks that copy the adapter once per token.
 * Full fine-tuning: ``collective_rpc("reload_weights", weights_iterator=...)``, vLLM's
   supported in-place update; it redoes the CPU backend's weight repacking, which is why
   writing into ``model.load_weights`` directly fails on CPU (shared/docs/vllm-cpu.md).
@@ -94,6 +96,21 @@ def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
     return [(k, v.detach()) for k, v in model.state_dict().items()]
 
 
+def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """A PEFT LoRA model's weights with the active adapter folded in (W + scale * B @ A), as new
+    tensors in HF naming; the model itself is left unmerged (training continues on it)."""
+    deltas: dict[str, torch.Tensor] = {}
+    for name, m in model.get_base_model().named_modules():
+        if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer"):
+            for a in m.active_adapters:
+                if a in getattr(m, "lora_A", {}):
+                    deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + m.get_delta_weight(a)
+    out = [(k, v + deltas.pop(k).to(v.dtype) if k in deltas else v) for k, v in hf_weights(model)]
+    if deltas:  # an adapted tensor with no checkpoint name: pushing the rest would sample wrong weights
+        raise EngineSyncError(f"cannot merge LoRA into {sorted(deltas)[:3]}: no such checkpoint tensor")
+    return out
+
+
 def fingerprint(model) -> tuple:
     """Changes whenever any parameter is updated in place (optimiser step, load_state_dict)."""
     return (id(model),) + tuple(p._version for p in model.parameters())
@@ -145,13 +162,23 @@ class Engine:
             kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if lora_rank is not None:
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in _LORA_RANKS if r >= lora_rank))
+        # vLLM's CPU worker drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and
+        # replaces torch.set_num_threads with a no-op for the whole process. The engine shares this
+        # process with training, so keep the caller's thread count and give set_num_threads back.
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**kw)
+        try:
+            self.llm = vllm.LLM(**kw)
+        finally:
+            torch.set_num_threads = set_threads
+            set_threads(threads)
         self.load_seconds = time.perf_counter() - t0
         log.info("vLLM engine for %s (%s) started in %.1f s", path, settings.dtype, self.load_seconds)
         self.path, self.settings, self.lora = path, settings, lora_rank is not None
         self.holds = "base"  # "base" | ("full", fingerprint) | "broken"
         self.pinned = False  # True: a judge reads the original weights here
+        self.synced_by_generator = False  # True: a generator pushes full weights here (judges keep out)
         self.lora_request = None
         self.lora_owner: tuple | None = None
         self._lora_dirs: list[str] = []
@@ -206,13 +233,15 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     for (p, dtype, length, rank, _), eng in _POOL.items():
         if p != rp or dtype != settings.dtype or length < settings.max_model_len:
             continue
-        if judge and (eng.lora or eng.holds == "base"):
+        if judge and (eng.lora or not eng.synced_by_generator):
             eng.pinned = eng.pinned or not eng.lora  # a full-weight engine now serves pi_0: no generator may sync it
             return eng
         if not judge and not eng.pinned and eng.lora == (lora_rank is not None) and (lora_rank is None or rank >= lora_rank):
+            eng.synced_by_generator = eng.synced_by_generator or not eng.lora
             return eng
     eng = Engine(path, settings, lora_rank=lora_rank)
     eng.pinned = judge
+    eng.synced_by_generator = not judge and not eng.lora
     _POOL[(rp, settings.dtype, settings.max_model_len, lora_rank or 0, len(_POOL))] = eng
     return eng
 
@@ -235,10 +264,14 @@ class VLLMGenerator:
         self.allow_stale = self.settings.sync_every > 1
         self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self._synced: tuple | None = None
-        lora_rank = None
+        lora_rank, self.merge_lora = None, False
         if is_peft(self.model):
-            cfg = next(iter(self.model.peft_config.values()))
-            lora_rank = int(cfg.r)
+            mode = self.settings.lora_sync
+            if mode == "auto":
+                mode = "adapter" if torch.cuda.is_available() else "merged"
+            self.merge_lora = mode == "merged"
+            if not self.merge_lora:
+                lora_rank = int(next(iter(self.model.peft_config.values())).r)
         path, self._tmpdir = _model_dir(self.model, tokenizer)
         self.engine = shared_engine(path, self.settings, lora_rank=lora_rank)
         self.eos_ids = _eos_ids(self.model, tokenizer)
@@ -247,22 +280,33 @@ class VLLMGenerator:
     def bind(cls, model, tokenizer, sampling: SamplingConfig) -> "VLLMGenerator":
         return generator_for(model, tokenizer, sampling)
 
+    def _want(self) -> tuple:
+        """What the engine must hold: these parameter versions, adapter on or off."""
+        return fingerprint(self.model) + (adapters_disabled(self.model),)
+
     @property
     def stale(self) -> bool:
-        return self._synced != fingerprint(self.model)
+        return self._synced != self._want()
+
+    def _full_weights(self):
+        if self.merge_lora and not adapters_disabled(self.model):
+            return merged_weights(self.model)
+        return hf_weights(self.model)  # a full model, or a LoRA model's base (adapter off: pi_0)
 
     def sync(self) -> float:
         """Push the bound model's current weights; returns seconds. Raises EngineSyncError."""
         t0 = time.perf_counter()
-        fp = fingerprint(self.model)
+        fp = self._want()
         try:
             with torch.no_grad():
                 if self.engine.lora:
                     self.engine.load_adapter(self.model, fp)
                 else:
-                    self.engine.load_full(hf_weights(self.model), fp)
+                    self.engine.load_full(self._full_weights(), fp)
         except Exception as e:
             self._synced = None
+            if isinstance(e, EngineSyncError):
+                raise
             raise EngineSyncError(f"vLLM weight sync failed ({type(e).__name__}: {e}); stopping rather than "
                                   f"sampling from the engine's old weights") from e
         self._synced = fp
@@ -279,8 +323,8 @@ class VLLMGenerator:
         if eng.lora and adapters_disabled(self.model):
             return None  # pi_0 of a LoRA policy = the engine's untouched base weights
         owner = eng.lora_owner if eng.lora else (eng.holds[1] if isinstance(eng.holds, tuple) else None)
-        if self._synced is None or owner != self._synced:
-            self.sync()  # first use, or another model synced this engine since
+        if self._synced is None or owner != self._synced or self._synced[-1] != adapters_disabled(self.model):
+            self.sync()  # first use, another model synced this engine since, or adapter switched on/off
         elif self.stale and not self.allow_stale:
             self.sync()
         return eng.lora_request if eng.lora else None

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.usefixtures("vllm_ok")
 K = 3  # optimiser updates
 
 
-def _sampling(engine: str, **kw):
+def _sampling(engine: str, lora_sync: str = "auto", **kw):
     from pofe.generation import SamplingConfig
 
-    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024}} if engine == "vllm" else {}
+    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024, "lora_sync": lora_sync}} if engine == "vllm" else {}
     return SamplingConfig(engine=engine, **{"temperature": 0.0, "max_new_tokens": 12, **kw}, **extra)
 
 
@@ -42,10 +42,10 @@ def _update(model, tok, opt, text="The sea is blue and calm today."):
     opt.zero_grad(set_to_none=True)
 
 
-def _no_stale(model, tok, lr):
+def _no_stale(model, tok, lr, lora_sync="auto"):
     from pofe.generation import generate, make_generator
 
-    hf, vl = _sampling("hf"), _sampling("vllm")
+    hf, vl = _sampling("hf"), _sampling("vllm", lora_sync=lora_sync)
     gen = make_generator(model, tok, vl)
     assert gen.name == "vllm" and make_generator(model, tok, vl) is gen  # one generator per model
     first = _ids(generate(model, tok, PROMPTS, sampling=hf))
@@ -75,22 +75,28 @@ def test_no_stale_weights_full_finetuning(tiny64_dir, tokenizer):
     assert not gen.engine.lora and gen.engine.holds[0] == "full"
 
 
-def test_no_stale_weights_lora(tiny64_dir, tokenizer):
+@pytest.mark.parametrize("lora_sync", ["adapter", "merged"])
+def test_no_stale_weights_lora(tiny64_dir, tokenizer, lora_sync):
+    """adapter: a new LoRARequest per sync; merged: W + scale * B @ A pushed as full weights."""
     from transformers import AutoModelForCausalLM
 
+    from pofe.generation import generate
     from pofe.training import LoraSettings, apply_lora
 
     model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                        LoraSettings(enabled=True, r=8, alpha=16))
-    gen = _no_stale(model, tokenizer, lr=3e-2)
-    assert gen.engine.lora and gen.engine.lora_request.lora_int_id == gen.syncs
-    # pi_0 of a LoRA policy (adapter disabled) samples the engine's untouched base weights
-    from pofe.generation import generate
-
+    gen = _no_stale(model, tokenizer, lr=3e-2, lora_sync=lora_sync)
+    assert gen.engine.lora == (lora_sync == "adapter")
+    assert not hasattr(model.get_base_model().model.layers[0].self_attn.q_proj, "merged") or \
+        not model.get_base_model().model.layers[0].self_attn.q_proj.merged  # training copy never merged
+    # pi_0 of a LoRA policy (adapter disabled) samples the base weights
     with model.disable_adapter():
         base_hf = _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("hf")))
-        base_vl = _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("vllm")))
+        base_vl = _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("vllm", lora_sync=lora_sync)))
     assert base_vl == base_hf
+    # and back on: the trained adapter again
+    assert _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("vllm", lora_sync=lora_sync))) == \
+        _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("hf")))
 
 
 def test_sampling_semantics(tiny64_dir, tokenizer):

@@ -82,11 +82,17 @@ def test_lora_policy_and_judge_share_one_engine(tiny64_dir, tokenizer):
     close_engines()  # an empty pool: the only engine of this model is the policy's
     policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                         LoraSettings(enabled=True, r=8, alpha=16))
-    gen = make_generator(policy, tokenizer, SamplingConfig(engine="vllm", vllm=VLLM))
+    gen = make_generator(policy, tokenizer, SamplingConfig(engine="vllm", vllm={**VLLM, "lora_sync": "adapter"}))
     judge = _judge("vllm", tiny64_dir)
-    assert judge.backend.engine is gen.engine  # pi_0 reads on the LoRA engine's base weights
-    full = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
-    g2 = make_generator(full, tokenizer, SamplingConfig(engine="vllm", vllm=VLLM))
-    assert g2.engine is not gen.engine and not g2.engine.pinned
-    # a full fine-tuning generator never takes the engine a judge reads pi_0 from
-    assert judge.backend.engine.lora
+    assert judge.backend.engine is gen.engine and gen.engine.lora  # pi_0 reads on the LoRA engine's base weights
+    # engines a generator pushes full weights into are never shared with a pi_0 judge, either way round
+    merged = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
+                        LoraSettings(enabled=True, r=8, alpha=16))
+    g2 = make_generator(merged, tokenizer, SamplingConfig(engine="vllm", vllm={**VLLM, "lora_sync": "merged"}))
+    assert not g2.engine.lora and g2.engine is not gen.engine
+    close_engines()
+    j2 = _judge("vllm", tiny64_dir)
+    j2.backend.engine  # noqa: B018 - the judge takes a fresh full-weight engine first
+    g3 = make_generator(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32), tokenizer,
+                        SamplingConfig(engine="vllm", vllm=VLLM))
+    assert g3.engine is not j2.backend.engine and j2.backend.engine.pinned
