@@ -33,6 +33,8 @@ def _prompts(n: int) -> list[str]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="CUDA: vLLM's share, next to the HF copy")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[48, 128])
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
@@ -51,15 +53,17 @@ def main(argv=None) -> dict:
     from pofe.generation.sampling import _render
     from pofe.models import load_model, resolve_model_path
 
-    model, tok = load_model(args.model, dtype=args.hf_dtype)
+    model, tok = load_model(args.model, dtype=args.hf_dtype, device=args.device)
     tok.padding_side = "left"
     prompts = [_render(tok, p) for p in _prompts(max(args.batches))]
     results: dict = {"model": args.model, "hf_dtype": args.hf_dtype, "vllm_dtype": args.vllm_dtype,
                      "threads": torch.get_num_threads(), "runs": []}
 
     def hf_call(batch: int, new: int) -> float:
-        enc = tok(prompts[:batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(prompts[:batch], return_tensors="pt", padding=True, add_special_tokens=False).to(args.device)
         t0 = time.perf_counter()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=0.9,
                                  top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
@@ -73,8 +77,9 @@ def main(argv=None) -> dict:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
+        kw = {"gpu_memory_utilization": args.gpu_memory_utilization} if args.device == "cuda" else {}
         llm = LLM(model=resolve_model_path(args.model), dtype=args.vllm_dtype, max_model_len=1024, enforce_eager=True,
-                  seed=0)
+                  seed=0, **kw)
         results["vllm_load_s"] = round(time.perf_counter() - t0, 1)
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 

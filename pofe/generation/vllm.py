@@ -194,7 +194,7 @@ class Engine:
     # -- sync ------------------------------------------------------------------------------
     def load_full(self, weights: Iterable[tuple[str, torch.Tensor]], fp: tuple) -> None:
         self.holds = "broken"  # until the reload has returned
-        pairs = [(k, v.to("cpu")) for k, v in weights]
+        pairs = list(weights)  # same device as the trained model; vLLM's loaders copy into their own tensors
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         self.holds = ("full", fp)
 
