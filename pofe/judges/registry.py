@@ -229,8 +229,17 @@ def make_backend(cfg: JudgeConfig, kind: str, **runtime):
     if kind == "vllm":
         from pofe.judges.vllm_backend import VLLMBackend
 
+        generator = runtime.get("generator")
+        if generator is None and runtime.get("model") is not None:
+            # a live model (self-rewarding: the current policy judges itself) is read through its
+            # own vLLM generator, so policy sampling and judging share one engine and its syncs
+            from pofe.generation.base import SamplingConfig
+            from pofe.generation.vllm import generator_for
+
+            generator = generator_for(runtime["model"], runtime.get("tokenizer"),
+                                      SamplingConfig(engine="vllm", vllm=cfg.vllm))
         return VLLMBackend(cfg.model, settings=cfg.vllm, tokenizer=runtime.get("tokenizer"),
-                           max_length=cfg.max_length, generator=runtime.get("generator"))
+                           max_length=cfg.max_length, generator=generator)
     raise ValueError(f"unknown judge backend {kind!r}")
 
 

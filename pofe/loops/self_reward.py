@@ -61,7 +61,7 @@ from pofe.training import ModelConfig, OptimConfig, seed_everything
 log = logging.getLogger(__name__)
 
 # Judge kinds that run an LLM and can therefore share M_t's weights (the "self" in self-rewarding).
-LLM_JUDGE_KINDS = {"rubric", "expected-score", "llm"}
+LLM_JUDGE_KINDS = {"rubric", "expected-score", "llm", "vllm"}
 
 
 # ============================================================================ config

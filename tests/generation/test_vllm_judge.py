@@ -96,3 +96,26 @@ def test_lora_policy_and_judge_share_one_engine(tiny64_dir, tokenizer):
     g3 = make_generator(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32), tokenizer,
                         SamplingConfig(engine="vllm", vllm=VLLM))
     assert g3.engine is not j2.backend.engine and j2.backend.engine.pinned
+
+
+def test_self_judging_reads_the_current_policy_on_its_own_engine(tiny64_dir, tokenizer):
+    """Self-rewarding: the judge is the policy being trained. Built with the live model, the
+    vLLM judge reads through the policy's generator (one engine) and sees updated weights."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig, make_generator
+    from pofe.judges.registry import JudgeConfig, build_judge
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    gen = make_generator(policy, tokenizer, SamplingConfig(engine="vllm", vllm=VLLM))
+    cfg = dict(kind="expected-score", model=str(tiny64_dir), cache={"enabled": False})
+    vj = build_judge(JudgeConfig(backend="vllm", vllm=VLLM, **cfg), model=policy, tokenizer=tokenizer, cache=None)
+    hj = build_judge(JudgeConfig(**cfg), model=policy, tokenizer=tokenizer, cache=None)
+    assert vj.backend.engine is gen.engine and not vj.backend.cacheable
+    prompts, responses = ["Name a colour."], ["Blue."]
+    before = vj.score(prompts, responses)[0].score
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    after, want = vj.score(prompts, responses)[0].score, hj.score(prompts, responses)[0].score
+    assert after == pytest.approx(want, abs=1e-3) and abs(after - before) > 1e-4
