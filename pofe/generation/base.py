@@ -13,7 +13,8 @@ sampled text is not identical *across* engines, greedy text is up to numerics).
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 from pydantic import model_validator
 
@@ -92,7 +93,7 @@ class Generator(Protocol):
         ...
 
     @classmethod
-    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> "Generator":
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> Generator:
         """The generator of ``model`` (an engine may keep one per model across calls)."""
         ...
 

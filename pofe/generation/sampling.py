@@ -7,7 +7,7 @@ command samples through; ``sampling.engine`` routes it to vLLM (:mod:`pofe.gener
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -15,7 +15,7 @@ from pofe.generation.base import Generator, SamplingConfig, VLLMSettings
 from pofe.models import apply_chat_template
 from pofe.records import Completion
 
-__all__ = ["SamplingConfig", "VLLMSettings", "Generator", "HFGenerator", "generate"]
+__all__ = ["Generator", "HFGenerator", "SamplingConfig", "VLLMSettings", "generate"]
 
 
 def _render(tokenizer, prompt) -> str:
@@ -49,7 +49,7 @@ class HFGenerator:
         self.model, self.tokenizer = model, tokenizer
 
     @classmethod
-    def bind(cls, model, tokenizer, sampling: SamplingConfig | None = None) -> "HFGenerator":
+    def bind(cls, model, tokenizer, sampling: SamplingConfig | None = None) -> HFGenerator:
         return cls(model, tokenizer, sampling)
 
     def sync(self) -> float:

@@ -35,8 +35,9 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -277,7 +278,7 @@ class VLLMGenerator:
         self.eos_ids = _eos_ids(self.model, tokenizer)
 
     @classmethod
-    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> "VLLMGenerator":
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> VLLMGenerator:
         return generator_for(model, tokenizer, sampling)
 
     def _want(self) -> tuple:
@@ -367,7 +368,7 @@ class VLLMGenerator:
         return result
 
 
-_GENERATORS: "weakref.WeakKeyDictionary[Any, VLLMGenerator]" = weakref.WeakKeyDictionary()
+_GENERATORS: weakref.WeakKeyDictionary[Any, VLLMGenerator] = weakref.WeakKeyDictionary()
 
 
 def generator_for(model, tokenizer, sampling: SamplingConfig) -> VLLMGenerator:

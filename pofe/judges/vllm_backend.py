@@ -24,10 +24,16 @@ is that adapter.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from pofe.generation.base import VLLMSettings
-from pofe.judges.backends import BackendStats, ChoiceRead, GenOut, _weights_identity, choice_variants
+from pofe.judges.backends import (
+    BackendStats,
+    ChoiceRead,
+    GenOut,
+    _weights_identity,
+    choice_variants,
+)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 

@@ -47,10 +47,10 @@ def test_pairwise_vllm_equals_transformers(tiny64_dir):
 def test_choice_outside_top_k_is_read_exactly(tiny64_dir):
     """top_logprobs=1 leaves a choice out of the list: it is read from the prompt log-prob
     of prompt + choice token, never given probability 0."""
-    from pofe.judges.templates import Rendered
-    from pofe.judges.vllm_backend import VLLMBackend
     from pofe.generation import VLLMSettings
     from pofe.judges.backends import TransformersBackend
+    from pofe.judges.templates import Rendered
+    from pofe.judges.vllm_backend import VLLMBackend
 
     reqs = [Rendered(user=f"Question {i}: which is better, 1 or 2?", assistant_prefix="Answer: ") for i in range(3)]
     be = VLLMBackend(str(tiny64_dir), settings=VLLMSettings(**VLLM), top_logprobs=1)

@@ -33,7 +33,7 @@ def test_semi_online_lora_records_syncs_and_staleness(tmp_path, tiny64_dir):
 
 
 def test_online_full_finetuning_syncs_every_step(tmp_path, tiny64_dir):
-    summary, rows = _run(tmp_path, tiny64_dir)
+    _, rows = _run(tmp_path, tiny64_dir)
     assert [r["staleness"] for r in rows] == [0, 0, 0]
     assert [r["engine_syncs"] for r in rows] == [2, 3, 4]  # first use + one after each step
     assert all(r["time_sync"] > 0 for r in rows)
