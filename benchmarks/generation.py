@@ -45,6 +45,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep stdout for the numbers
 
     import torch
 
@@ -56,8 +57,11 @@ def main(argv=None) -> dict:
     model, tok = load_model(args.model, dtype=args.hf_dtype, device=args.device)
     tok.padding_side = "left"
     prompts = [_render(tok, p) for p in _prompts(max(args.batches))]
-    results: dict = {"model": args.model, "hf_dtype": args.hf_dtype, "vllm_dtype": args.vllm_dtype,
+    results: dict = {"model": args.model, "device": args.device, "hf_dtype": args.hf_dtype, "vllm_dtype": args.vllm_dtype,
                      "threads": torch.get_num_threads(), "runs": []}
+    if not args.json:
+        print(f"model={args.model} device={args.device} hf={args.hf_dtype} vllm={args.vllm_dtype} "
+              f"threads={torch.get_num_threads()}", flush=True)
 
     def hf_call(batch: int, new: int) -> float:
         enc = tok(prompts[:batch], return_tensors="pt", padding=True, add_special_tokens=False).to(args.device)
@@ -73,13 +77,16 @@ def main(argv=None) -> dict:
 
     llm = None
     if "vllm" in args.engines:
-        from vllm import LLM, SamplingParams
+        import vllm
+        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        from pofe.generation.vllm import new_llm
 
         t0 = time.perf_counter()
         kw = {"gpu_memory_utilization": args.gpu_memory_utilization} if args.device == "cuda" else {}
-        llm = LLM(model=resolve_model_path(args.model), dtype=args.vllm_dtype, max_model_len=1024, enforce_eager=True,
-                  seed=0, **kw)
+        llm = new_llm(vllm, model=resolve_model_path(args.model), dtype=args.vllm_dtype, max_model_len=1024,
+                      enforce_eager=True, seed=0, **kw)  # keeps torch's thread count for the hf runs
         results["vllm_load_s"] = round(time.perf_counter() - t0, 1)
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 

@@ -151,6 +151,23 @@ def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | Non
 
 
 # ----------------------------------------------------------------------------- engines
+def new_llm(vllm, **kw):
+    """``vllm.LLM(**kw)`` that leaves this process's torch threading as it found it.
+
+    vLLM's CPU worker drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and
+    replaces ``torch.set_num_threads`` with a no-op for the whole process. The engine shares the
+    process with training (and benchmarks with HF ``generate``), so keep the caller's count.
+    """
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        return vllm.LLM(**kw)
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+
+
+
 class Engine:
     """One in-process vLLM ``LLM`` and the record of which weights it holds."""
 
@@ -163,17 +180,8 @@ class Engine:
             kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if lora_rank is not None:
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in _LORA_RANKS if r >= lora_rank))
-        # vLLM's CPU worker drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and
-        # replaces torch.set_num_threads with a no-op for the whole process. The engine shares this
-        # process with training, so keep the caller's thread count and give set_num_threads back.
-        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         t0 = time.perf_counter()
-        try:
-            self.llm = vllm.LLM(**kw)
-        finally:
-            torch.set_num_threads = set_threads
-            set_threads(threads)
+        self.llm = new_llm(vllm, **kw)
         self.load_seconds = time.perf_counter() - t0
         log.info("vLLM engine for %s (%s) started in %.1f s", path, settings.dtype, self.load_seconds)
         self.path, self.settings, self.lora = path, settings, lora_rank is not None
