@@ -167,7 +167,6 @@ def new_llm(vllm, **kw):
         set_threads(threads)
 
 
-
 class Engine:
     """One in-process vLLM ``LLM`` and the record of which weights it holds."""
 
@@ -210,8 +209,7 @@ class Engine:
     def load_adapter(self, model, fp: tuple) -> None:
         from vllm.lora.request import LoRARequest
 
-        self.holds = "broken" if self.holds == "broken" else self.holds
-        self.lora_owner = None
+        self.lora_owner = None  # until the new adapter is in place: a failure makes every caller re-sync
         d = os.path.join(self._tmp.name, f"adapter-{self._next_lora_id}")
         model.save_pretrained(d)  # PEFT: adapter_config.json + adapter weights only
         old = self.lora_request
