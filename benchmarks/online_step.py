@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
-            f"model.dtype={args.dtype}", f"train.device={args.device}",
+            f"model.dtype={args.dtype}", f"model.device={args.device}",
             f"model.name={args.model}", f"judge.model={args.model}", "eval.enabled=false", f"run.output_dir={out}",
             "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
     if args.prompts:

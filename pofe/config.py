@@ -11,10 +11,10 @@ the file; the CLI turns it into exit status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import Annotated, Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 T = TypeVar("T", bound="PofeConfig")
 
@@ -24,9 +24,27 @@ class ConfigError(Exception):
 
 
 class PofeConfig(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments re-validated."""
+    """Base for every config section: unknown keys are errors, assignments re-validated, and
+    NaN / inf floats are refused everywhere (``allow_inf_nan=False``): a NaN temperature once
+    passed a ``<= 0`` guard, because every comparison with NaN is False."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
+                              allow_inf_nan=False, use_attribute_docstrings=True)
+
+
+# Typed fields for ranges every command needs; ``Field`` constraints make pydantic's error name
+# the key (``bad value for 'loss.beta': Input should be greater than 0``), at parse time,
+# before any model loads.
+PositiveInt = Annotated[int, Field(ge=1)]
+"""An integer >= 1 (counts, steps, batch sizes, chunk sizes)."""
+NonNegativeInt = Annotated[int, Field(ge=0)]
+"""An integer >= 0 (limits, warm-up steps, ``every``-style periods where 0 = off)."""
+PositiveFloat = Annotated[float, Field(gt=0)]
+"""A finite float > 0 (learning rates, beta, KL coefficients)."""
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+"""A finite float >= 0 (temperatures, weight decay, dropout-like rates without an upper bound)."""
+Probability = Annotated[float, Field(ge=0, le=1)]
+"""A probability in [0, 1]."""
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -143,6 +161,25 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dump_config(cfg: BaseModel) -> str:
-    """The resolved config as YAML (what ``--print-config`` prints and run folders store)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+def dump_config(cfg: BaseModel, *, comments: bool = False) -> str:
+    """The resolved config as YAML (what run folders store). With ``comments`` (what
+    ``--print-config`` prints) each key is preceded by its field docstring as a ``#`` comment,
+    so the printed config documents itself; the YAML loads back to the same config either way."""
+    if not comments:
+        return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    return "".join(_commented(cfg, 0))
+
+
+def _commented(cfg: BaseModel, indent: int) -> Iterable[str]:
+    pad = " " * indent
+    data = cfg.model_dump(mode="json")
+    for name, info in type(cfg).model_fields.items():
+        for line in (info.description or "").strip().splitlines():
+            yield f"{pad}# {line.strip()}".rstrip() + "\n"
+        value = getattr(cfg, name)
+        if isinstance(value, BaseModel) and type(value).model_fields:
+            yield f"{pad}{name}:\n"
+            yield from _commented(value, indent + 2)
+        else:
+            text = yaml.safe_dump({name: data[name]}, sort_keys=False)
+            yield "".join(f"{pad}{line}\n" for line in text.splitlines())

@@ -54,6 +54,11 @@ class LossOutput:
 
 
 class PreferenceLoss(Protocol):
+    """What a DAP loss is (the loss registry's value type, what ``dap_backward`` calls): a pure
+    function of summed completion log-probs of policy and reference on chosen / rejected
+    responses, with ``p`` = P(chosen better) as a soft label (1.0 = a hard label). A new loss
+    is one function with this signature added to :data:`LOSSES`."""
+
     def __call__(
         self,
         policy_chosen_logps: torch.Tensor,
@@ -128,11 +133,40 @@ def slic(
     return LossOutput(losses, cr, rr, cr - rr)
 
 
-LOSSES: dict[str, Callable[..., LossOutput]] = {"dpo": dpo, "ipo": ipo, "slic": slic}
+LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic}
 
 
-def get_loss(name: str) -> Callable[..., LossOutput]:
+# ----------------------------------------------------------------------------- reward-model losses
+
+def soft_bt_loss(margin: torch.Tensor, p: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Per-pair Bradley-Terry cross-entropy of a reward model against soft targets
+    (rlaif-constitutional-ai, "From judge log-probabilities to a label"):
+
+        L = BCE_with_logits(Δr, p) = −p log σ(Δr) − (1 − p) log σ(−Δr),  Δr = r(x, y₁) − r(x, y₂),
+
+    with p = P(y₁ ≻ y₂). Its per-pair minimiser is σ(Δr) = p, i.e. Δr = logit(p): the RM
+    inherits the judge's confidence, not only its ranking (p = 0.581 -> margin 0.33, versus an
+    unbounded push under a hard label); p = 1 is the ordinary RM loss −log σ(Δr). The same
+    cross-entropy as soft DPO (Eq. 1 above) with β·h replaced by the reward margin."""
+    p_t = torch.as_tensor(p, dtype=margin.dtype, device=margin.device)
+    if torch.any((p_t < 0) | (p_t > 1)):
+        raise ValueError("soft label p must lie in [0, 1]")
+    return F.binary_cross_entropy_with_logits(margin, p_t.expand_as(margin), reduction="none")
+
+
+# Reward-model losses take (margin, p) rather than the four log-prob tensors of LOSSES.
+RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"soft-bt": soft_bt_loss}
+
+
+def get_loss(name: str) -> PreferenceLoss:
     try:
         return LOSSES[name]
     except KeyError:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+def get_rm_loss(name: str) -> Callable[..., torch.Tensor]:
+    try:
+        return RM_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown reward-model loss {name!r}; choose one of {sorted(RM_LOSSES)}") from None

@@ -17,7 +17,11 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A user instruction. ``messages`` holds a chat history when the prompt is multi-turn."""
+    """A user instruction. ``messages`` holds the conversation (system message and every turn,
+    ending with a user turn) when the prompt came as chat messages; then ``text`` is the
+    judge's view of it (:func:`pofe.data.chat.transcript`: the user's message for a single
+    turn, a ``System:/Human:/Assistant:`` transcript otherwise) and generation renders
+    ``messages`` with the chat template."""
 
     text: str
     id: str | None = None
@@ -118,13 +122,18 @@ class PreferencePair:
     rejected: str
     p: float = 1.0
     provenance: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...] | None = None
+    """The prompt as chat messages (system message and earlier turns kept) when it came as a
+    conversation; ``prompt`` is then its transcript (see :class:`Prompt`)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.p) <= 1.0:
             raise ValueError(f"PreferencePair.p must be in [0, 1], got {self.p}")
 
     def to_dict(self) -> dict[str, Any]:
-        return _asdict(self)
+        d = _asdict(self)
+        d["messages"] = list(self.messages) if self.messages else None
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PreferencePair":
@@ -134,4 +143,14 @@ class PreferencePair:
             rejected=d["rejected"],
             p=float(d.get("p", 1.0)),
             provenance=dict(d.get("provenance") or {}),
+            messages=tuple(d["messages"]) if d.get("messages") else None,
         )
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """A prompt (text, or chat messages without the final answer) and its target response."""
+
+    prompt: str | tuple[dict[str, str], ...]
+    response: str
+    source: str = "ift"

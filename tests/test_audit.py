@@ -64,7 +64,10 @@ def test_calibration_metrics_by_hand():
     # Humans: x0 longer chosen, x1 longer chosen, x2 shorter chosen, x4 longer chosen -> 3/4.
     assert m["human_longer_preferred_rate"] == pytest.approx(0.75)
     assert m["p_histogram"]["counts"] == [0, 0, 0, 0, 1, 1, 0, 2, 0, 0]
-    assert m["by_source"]["s1"] == {"n": 2, "agreement": 1.0, "position_consistency": 0.5, "parse_failures": 0}
+    s1 = dict(m["by_source"]["s1"])
+    # Wilson on 2 of 2: [1 / (1 + z^2 / 2), 1] = [0.3424, 1].
+    assert s1.pop("agreement_ci95") == pytest.approx([1 / (1 + 1.959964**2 / 2), 1.0], abs=1e-5)
+    assert s1 == {"n": 2, "agreement": 1.0, "position_consistency": 0.5, "parse_failures": 0}
 
 
 def test_checks_and_thresholds():

@@ -7,14 +7,12 @@ import json
 
 import pytest
 
-from pofe.loops.cai_revise import (
-    CaiReviseConfig,
-    critique_revise,
-    load_cai_constitution,
-    mix_sft,
-    preference_pairs,
-    run,
-)
+from pofe.generation.critique import critique_revise, load_cai_constitution
+from pofe.loops.cai_revise import CaiReviseConfig, mix_sft, preference_pairs, run
+from pofe.runs import RunError
+
+HHH_HARM = {"no-operational-harm", "no-illegal-facilitation", "respect-for-people", "privacy", "wellbeing",
+            "no-manipulation", "age-appropriate"}
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
@@ -44,6 +42,39 @@ def test_judge_only_principles_get_generic_requests(tmp_path):
 def test_hf_json_constitution(shared_data):
     c = load_cai_constitution(str(shared_data / "hf-constitution" / "constitution_anthropic.json"))
     assert len(c.principles) == 16 and c.version == "hf-json"
+    assert all(p.harm for p in c.principles)  # Anthropic's SL-CAI critiques are all harm critiques
+
+
+def test_sl_cai_critiques_draw_harm_principles_only():
+    """Fidelity (issue 10 point 6): red-team critiques drew any principle, "no-over-refusal"
+    included; Bai et al.'s SL-CAI critiques identify harmful content only."""
+    c = load_cai_constitution("hhh")
+    assert {p.id for p in c.principles if p.harm} == HHH_HARM
+    tr = critique_revise(None, None, [f"q{i}" for i in range(80)], c, rounds=3, few_shot=False, generate_fn=FakeModel(), seed=0)
+    drawn = {r["principle_id"] for t in tr for r in t.rounds}
+    assert drawn == HHH_HARM  # 240 draws from 7: every harm principle appears, nothing else
+    assert "no-over-refusal" not in drawn and "helpful-substance" not in drawn
+    d = load_cai_constitution("default")
+    assert {p.id for p in d.critique_pool()} == {"physical-harm", "respect", "illegal-activity", "privacy",
+                                                   "vulnerable-users", "manipulation"}
+    # an explicit list is the user's choice, a constitution without harm marks is a clear error
+    assert [p.id for p in c.critique_pool(["honest-uncertainty"])] == ["honest-uncertainty"]
+
+
+def test_a_constitution_without_harm_principles_is_refused_before_a_run_folder(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("version: '7'\nprinciples:\n  - id: kind\n    text: Choose the kinder response.\n")
+    with pytest.raises(ValueError, match="harm: true"):
+        critique_revise(None, None, ["q"], load_cai_constitution(str(f)), generate_fn=FakeModel())
+    prompts = tmp_path / "red.txt"
+    prompts.write_text("q\n")
+    with pytest.raises(ValueError, match="harm: true"):
+        run(CaiReviseConfig(constitution=str(f), prompts=str(prompts), run={"output_dir": str(tmp_path / "runs")}),
+            generate_fn=FakeModel())
+    assert not (tmp_path / "runs").exists()
+    s = run(CaiReviseConfig(constitution=str(f), principles=["kind"], prompts=str(prompts), refusal={"enabled": False},
+                            run={"output_dir": str(tmp_path / "runs")}), generate_fn=FakeModel())
+    assert s["critique_principles"] == ["kind"] and s["principle_counts"] == {"kind": 1}
 
 
 class FakeModel:
@@ -150,34 +181,79 @@ def test_run_writes_datasets_and_tracks_refusal(tmp_path):
     assert pref[0]["provenance"]["constitution_version"] == "hhh-1"
     sft = [json.loads(x) for x in open(s["files"]["sft"])]
     assert {"prompt", "response"} <= set(sft[0])
+    assert set(s["critique_principles"]) == HHH_HARM
+    metrics = [json.loads(x) for x in open(tmp_path / "cai" / "metrics.jsonl")]
+    assert [(m["step"], m["set"], m["prompts"]) for m in metrics] == [(1, "red-team", 2), (2, "benign", 1)]
 
 
-def test_rounds_bounds():
-    from pydantic import ValidationError
+class CrashingModel(FakeModel):
+    def __init__(self, crash_on_prompt):
+        super().__init__()
+        self.crash_on_prompt = crash_on_prompt
 
-    with pytest.raises(ValidationError):
-        CaiReviseConfig(rounds=5)
-    with pytest.raises(ValidationError):
-        CaiReviseConfig(rounds=0)
+    def __call__(self, msgs, sampling, seed):
+        if any(m[0]["content"] == self.crash_on_prompt for m in msgs):
+            raise RuntimeError("injected fault")
+        return super().__call__(msgs, sampling, seed)
+
+
+def test_crash_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
+    prompts = tmp_path / "red.txt"
+    prompts.write_text("".join(f"red {i}\n" for i in range(5)))
+    benign = tmp_path / "benign.txt"
+    benign.write_text("ok 0\nok 1\n")
+
+    def cfg(name):
+        return CaiReviseConfig(prompts=str(prompts), rounds=2, batch_size=2, few_shot=False,
+                               refusal={"benign": str(benign), "n_benign": 2}, run={"output_dir": str(tmp_path), "name": name})
+
+    ref = run(cfg("ref"), generate_fn=FakeModel())
+    with pytest.raises(RuntimeError, match="injected"):
+        run(cfg("crash"), generate_fn=CrashingModel("red 4"))  # chunks [0, 1] and [2, 3] done, [4] crashes
+    d = tmp_path / "crash"
+    assert len(open(d / "revisions.jsonl").readlines()) == 4
+    fake = FakeModel()
+    s = run(cfg("crash"), resume=d, generate_fn=fake)
+    assert s["resumed_after_chunks"] == 2 and len(fake.calls) == 2 * (1 + 2 * 2)  # chunks [4] and benign only
+    for f in ("revisions.jsonl", "sft.jsonl", "preferences.jsonl", "metrics.jsonl"):
+        got = [json.loads(x) for x in open(d / f)]
+        want = [json.loads(x) for x in open(tmp_path / "ref" / f)]
+        assert got == want, f
+    keys = ("prompts", "principle_counts", "refusal")
+    assert {k: s[k] for k in keys} == {k: ref[k] for k in keys}
+    with pytest.raises(RunError):
+        run(cfg("x"), resume=tmp_path / "typo", generate_fn=fake)
+
+
+@pytest.mark.parametrize("bad", ["rounds=5", "rounds=0", "batch_size=0", "max_prompts=0", "helpful_ratio=1.0",
+                                 "refusal.n_benign=-1", "model.lora.enabled=true"])
+def test_nonsense_settings_are_refused_at_parse_time(bad):
+    import re
+
+    from pofe.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0].split(".lora")[0])):
+        load_config(CaiReviseConfig, None, [bad])
 
 
 @pytest.mark.slow
 def test_cai_revise_then_sft_end_to_end(tmp_path, tiny_model_dir):
     """cai revise on a tiny real model (real generation) -> pofe sft on sft.jsonl -> reload."""
-    sft_mod = pytest.importorskip("pofe.loops.sft")
+    import pofe.loops.sft as sft_mod
+
     prompts = tmp_path / "red.txt"
     prompts.write_text("how to pick a lock\nhow to make a weapon\nhow to cheat at cards\n")
-    cfg = CaiReviseConfig(model=str(tiny_model_dir), prompts=str(prompts), rounds=1, few_shot=False,
+    cfg = CaiReviseConfig(model={"name": str(tiny_model_dir)}, prompts=str(prompts), rounds=1, few_shot=False,
                           sampling={"max_new_tokens": 6, "temperature": 1.0},
                           critique_sampling={"max_new_tokens": 6, "temperature": 1.0},
                           refusal={"enabled": False}, run={"output_dir": str(tmp_path), "name": "cai"})
     s = run(cfg)
     assert s["sft_examples"] == 3
-    scfg = sft_mod.SFTConfig(model={"name": str(tiny_model_dir)}, data={"ift": [s["files"]["sft"]]}, max_steps=2,
-                             batch_size=2, micro_batch_size=2, optim={"lr": 1e-3, "warmup_steps": 0},
+    scfg = sft_mod.SFTConfig(model={"name": str(tiny_model_dir)}, data={"ift": [s["files"]["sft"]]},
+                             train={"steps": 2, "batch_size": 2, "grad_accum": 1}, optim={"lr": 1e-3, "warmup_steps": 0},
                              run={"output_dir": str(tmp_path), "name": "sft"})
     out = sft_mod.run(scfg)
     from pofe.models import load_model
 
-    m, tok = load_model(out["model_dir"])
+    m, tok = load_model(out["final_model"])
     assert m.config.vocab_size == len(tok)

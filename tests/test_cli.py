@@ -1,7 +1,9 @@
 """CLI smoke tests: --help lists only working commands, --version, chat on a tiny local model."""
 
 import json
+from pathlib import Path
 
+import typer
 from typer.testing import CliRunner
 
 from pofe import __version__
@@ -16,20 +18,24 @@ def test_version():
 
 
 def _registered_names():
-    return {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    import importlib.util
+
+    return {n.replace("_", "-") for n in COMMAND_MODULES if importlib.util.find_spec(f"pofe.cli.{n}") is not None}
 
 
 def test_help_lists_registered_commands_only():
-    """A command is listed exactly when its module exists and imports (pofe --help lists only
-    commands that work)."""
-    import importlib.util
-
-    present = {n.replace("_", "-") for n in COMMAND_MODULES if importlib.util.find_spec(f"pofe.cli.{n}") is not None}
-    assert {n.replace("_", "-") for n in _registered_names()} == present
+    """A command is listed exactly when its module exists (pofe --help lists only commands
+    that exist), and each listed module really registers that command."""
+    present = _registered_names()
+    assert {"online", "sft", "chat", "cai"} <= present
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0
     for name in present:
         assert name in res.output
+    group = typer.main.get_command(app)
+    for name in present:
+        cmd = group.get_command(None, name)
+        assert cmd is not None and cmd.name == name
 
 
 def test_every_command_has_help():
@@ -46,3 +52,59 @@ def test_chat_on_tiny_local_model(tiny_model_dir):
     out = json.loads(res.output[res.output.index("{"):])
     assert out["responses"][0]["prompt"] == "Hello"
     assert out["responses"][0]["tokens"] <= 4
+
+
+def _fresh_modules(*argv: str) -> set[str]:
+    """Modules imported by ``pofe <argv>`` in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.argv = ['pofe', *sys.argv[1:]]\nimport pofe.cli.main as m\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    pass\nprint('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    return set(r.stderr.split())
+
+
+def test_version_and_help_start_without_torch_or_transformers():
+    """``pofe --version`` / ``--help`` import neither torch nor transformers (counted modules,
+    not seconds: 1680 modules incl. torch, scipy, transformers' deps on main)."""
+    for argv in (["--version"], ["--help"]):
+        mods = _fresh_modules(*argv)
+        assert "pofe.cli.main" in mods
+        heavy = {m for m in mods if m.split(".")[0] in ("torch", "transformers", "scipy", "numpy", "peft", "accelerate")}
+        assert heavy == set(), (argv, sorted(heavy)[:5])
+        assert len(mods) < 500, (argv, len(mods))
+
+
+def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
+    """Issue 11 point 5: a 2-process ``torchrun`` of ``pofe sft`` made two run folders on main.
+    The processes exit 2 with one line, and nothing is created."""
+    import os
+    import subprocess
+    import sys
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text('{"prompt": "q?", "response": "a."}\n')
+    out = tmp_path / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "pofe", "sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0
+    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe sft does not run data-parallel")]
+    # torchrun stops the other process once one fails, so it may not get to print its line
+    assert 1 <= len(refusals) <= 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
+    assert "exitcode: 2" in r.stderr and not [ln for ln in r.stderr.splitlines()
+                                             if ln.startswith("error:") and ln not in refusals]
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_world_size_refusal_in_process(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = runner.invoke(app, ["chat", "hi"])
+    assert res.exit_code == 2 and "pofe chat does not run data-parallel" in res.stderr
+
+
+def test_unknown_command_suggests_and_exits_2():
+    res = runner.invoke(app, ["onlne"])
+    assert res.exit_code == 2 and "Did you mean 'online'" in res.output

@@ -108,3 +108,90 @@ def test_partial_override_keeps_customised_section_defaults(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("optim:\n  lr: 0.002\n")
     assert load_config(WithCustomDefault, f).optim.warmup_steps == 0
+
+
+# ----------------------------------------------------------------------------- ranges and finiteness
+
+@pytest.mark.parametrize("text", ["lr=.nan", "lr=.inf", "lr=-.inf", "lr=nan", "lr=inf"])
+def test_nan_and_inf_floats_are_refused_naming_the_key(text):
+    """A NaN passes every ``<= 0`` guard (all comparisons are False), so it must never parse."""
+    with pytest.raises(ConfigError, match=r"'lr'"):
+        load_config(Outer, None, [text])
+
+
+def test_nan_in_yaml_names_key_and_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("judge:\n  template: x\nlr: .nan\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, f)
+    assert "'lr'" in str(e.value) and str(f) in str(e.value)
+
+
+def test_typed_range_helpers():
+    from pofe.config import NonNegativeInt, PositiveFloat, PositiveInt, Probability
+
+    class C(PofeConfig):
+        n: PositiveInt = 1
+        k: NonNegativeInt = 0
+        beta: PositiveFloat = 0.1
+        p: Probability = 0.5
+
+    assert load_config(C, None, ["n=3", "k=0", "beta=2", "p=1"]).p == 1
+    for bad, key in [("n=0", "n"), ("k=-1", "k"), ("beta=0", "beta"), ("beta=-0.1", "beta"), ("p=1.01", "p"),
+                     ("p=-0.01", "p")]:
+        with pytest.raises(ConfigError, match=rf"'{key}'.*greater|'{key}'.*less"):
+            load_config(C, None, [bad])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optim.lr=0", "optim.lr"), ("optim.lr=-1e-5", "optim.lr"), ("optim.warmup_steps=-1", "optim.warmup_steps"),
+    ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio"), ("optim.grad_clip=0", "optim.grad_clip"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay"), ("model.lora.r=0", "model.lora.r"),
+    ("model.lora.alpha=0", "model.lora.alpha"), ("model.lora.dropout=1", "model.lora.dropout"),
+    ("model.device=gpu", "model.device"), ("run.name=../..", "run.name"), ("run.name=a/b", "run.name"),
+    ("run.name=..", "run.name"),
+])
+def test_shared_sections_validate_ranges_naming_the_key(override, key):
+    from pofe.runs import RunConfig
+    from pofe.training import ModelConfig, OptimConfig
+
+    class Cfg(PofeConfig):
+        model: ModelConfig = ModelConfig()
+        optim: OptimConfig = OptimConfig()
+        run: RunConfig = RunConfig()
+
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, None, [override])
+    assert f"'{key}'" in str(e.value) and f"--set {override}" in str(e.value)
+
+
+def test_betas_and_adapter_conflict_are_refused():
+    from pofe.training import ModelConfig, OptimConfig
+
+    with pytest.raises(ConfigError, match="betas"):
+        load_config(OptimConfig, None, ["betas=[0.9, 1.0]"])
+    with pytest.raises(ConfigError, match="model.adapter"):
+        load_config(ModelConfig, None, ["adapter=/x/adapter", "lora.enabled=true"])
+
+
+def test_print_config_shows_field_docstrings_and_loads_back(tmp_path):
+    from pofe.training import ModelConfig, OptimConfig
+
+    class Cfg(PofeConfig):
+        model: ModelConfig = ModelConfig()
+        optim: OptimConfig = OptimConfig(lr=1e-4)
+        """The optimiser."""
+
+    cfg = load_config(Cfg, None, ["model.lora.r=4"])
+    text = dump_config(cfg, comments=True)
+    assert "# Peak learning rate (> 0)." in text and "# The optimiser." in text
+    assert "  # auto = CUDA when present, then MPS, else CPU.\n  device: auto\n" in text
+    f = tmp_path / "printed.yaml"
+    f.write_text(text)
+    assert load_config(Cfg, f) == cfg
+
+
+def test_cli_print_config_has_comments():
+    res = runner.invoke(app, ["chat", "hi", "--print-config"])
+    assert res.exit_code == 0, res.output
+    assert "\n# " in "\n" + res.output or "\n  # " in res.output

@@ -4,6 +4,7 @@ the length-controlled win rate, on hand-made outcomes."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -11,10 +12,8 @@ from typer.testing import CliRunner
 
 from pofe.cli.main import app
 
-from pofe.evaluation.eval import (
-    LOSS, TIE, WIN, EvalConfig, judge_pairs, length_buckets, length_controlled_win_rate, pair_outcome, run_eval,
-    summarise_outcomes,
-)
+from pofe.evaluation.eval import EvalConfig, length_buckets, run_eval, summarise_outcomes
+from pofe.evaluation.winrate import LOSS, TIE, WIN, judge_pairs, pair_outcome, wilson_interval
 from pofe.records import Judgment
 
 runner = CliRunner()
@@ -31,46 +30,26 @@ def test_tie_rule():
 
 
 def test_tie_adjusted_win_rate_and_interval():
-    # W W W T L: win rate 3/5 = 0.6; tie-adjusted (3 + 0.5) / 5 = 0.7.
-    s = summarise_outcomes([WIN, WIN, WIN, TIE, LOSS, None], [1] * 6, [1] * 6, n_boot=500)
+    # W W W T L: win rate 3/5 = 0.6; tie-adjusted (3 + 0.5) / 5 = 0.7, Wilson on 3.5 of 5.
+    s = summarise_outcomes([WIN, WIN, WIN, TIE, LOSS, None], [1] * 6, [1] * 6)
     assert (s["wins"], s["ties"], s["losses"], s["n"], s["dropped_unparsed"]) == (3, 1, 1, 5, 1)
     assert s["win_rate"] == pytest.approx(0.6)
     assert s["win_rate_adjusted"] == pytest.approx(0.7)
-    lo, hi = s["win_rate_adjusted_ci95"]
-    assert 0.0 <= lo <= 0.7 <= hi <= 1.0 and hi - lo > 0.1
-    # A larger sample narrows the interval around the estimate: 60 W, 20 T, 20 L -> 0.7.
-    big = summarise_outcomes([WIN] * 60 + [TIE] * 20 + [LOSS] * 20, [5] * 100, [5] * 100, n_boot=2000)
+    assert s["win_rate_adjusted_ci95"] == pytest.approx(list(wilson_interval(3.5, 5)))
+    # 60 W, 20 T, 20 L -> 0.7 on n = 100: Wilson half-width about 1.96 sqrt(.21/100) = 0.0898.
+    big = summarise_outcomes([WIN] * 60 + [TIE] * 20 + [LOSS] * 20, [5] * 100, [5] * 100)
     lo2, hi2 = big["win_rate_adjusted_ci95"]
     assert big["win_rate_adjusted"] == pytest.approx(0.7)
-    assert lo2 < 0.7 < hi2 and hi2 - lo2 < hi - lo
-    # var(y) = .6 * .3^2 + .2 * .2^2 + .2 * .7^2 = 0.16, so the standard error of the mean is
-    # 0.4 / sqrt(100) = 0.04 and the 95% interval is about 0.7 +- 0.078.
-    assert (hi2 - lo2) == pytest.approx(2 * 1.96 * 0.04, rel=0.15)
-    # No variation: the interval collapses onto the estimate.
-    assert summarise_outcomes([WIN] * 4, [1] * 4, [1] * 4)["win_rate_adjusted_ci95"] == [1.0, 1.0]
+    assert (hi2 - lo2) == pytest.approx(2 * 1.96 * math.sqrt(0.21 / 100), rel=0.03)
+    # Four wins of four: the interval is Wilson's [1/(1 + z^2/4), 1] = [0.510, 1], not [1, 1].
+    lo, hi = summarise_outcomes([WIN] * 4, [1] * 4, [1] * 4)["win_rate_adjusted_ci95"]
+    assert lo == pytest.approx(1 / (1 + 1.959964**2 / 4), abs=1e-5) and hi == 1.0
 
 
-def test_length_controlled_equals_raw_when_lengths_equal():
-    y = [1, 1, 1, 0.5, 0]
-    lc = length_controlled_win_rate(y, [0, 0, 0, 0, 0])
-    assert lc["lc_win_rate"] == pytest.approx(0.7, abs=1e-6)
+def test_summary_has_both_length_controlled_rates():
     s = summarise_outcomes([WIN, WIN, WIN, TIE, LOSS], [7] * 5, [7] * 5)
     assert s["lc_win_rate"] == pytest.approx(s["win_rate_adjusted"], abs=1e-6)
-
-
-def test_length_controlled_removes_a_length_driven_advantage():
-    # A wins exactly when it is the longer one, and it is longer 3 times out of 4:
-    # the raw rate is 0.75 but length explains all of it, so at dlen = 0 the rate is 1/2-ish.
-    rng = np.random.default_rng(0)
-    dlen = np.concatenate([rng.uniform(5, 50, 300), -rng.uniform(5, 50, 100)])
-    y = (dlen > 0).astype(float)
-    lc = length_controlled_win_rate(y, dlen)
-    assert y.mean() == 0.75
-    assert lc["slope"] > 3
-    assert abs(lc["lc_win_rate"] - 0.5) < 0.2
-    # When quality, not length, drives the outcome, LC stays near the raw rate.
-    y2 = (rng.random(400) < 0.75).astype(float)
-    assert length_controlled_win_rate(y2, dlen)["lc_win_rate"] == pytest.approx(y2.mean(), abs=0.05)
+    assert s["lc_win_rate_simple"] == pytest.approx(s["win_rate_adjusted"], abs=1e-6)
 
 
 def test_length_buckets_by_hand():
@@ -176,6 +155,7 @@ def test_nothing_comparable_stays_valid_json():
     s = summarise_outcomes([None, None], [1, 2], [3, 4])
     assert s["n"] == 0 and s["dropped_unparsed"] == 2
     assert s["win_rate_adjusted"] is None and s["lc_win_rate"] is None and s["win_rate_adjusted_ci95"] == [None, None]
+    assert s["lc_win_rate_simple"] is None
     json.dumps(s, allow_nan=False)
 
 
@@ -187,3 +167,53 @@ def test_run_eval_reports_refusal_rates_of_both_policies(tmp_path):
     res = run_eval(EvalConfig(policy_a=a, policy_b=b, judge={"kind": "length"}, n_boot=50))
     assert res["refusal_a"]["refused"] == 2 and res["refusal_a"]["rate"] == pytest.approx(0.5)
     assert res["refusal_b"]["refused"] == 0
+
+
+def test_cli_eval_three_policies_gives_matrix_and_bradley_terry(tmp_path):
+    prompts = [f"q{i}" for i in range(6)]
+    files = [_write_responses(tmp_path / f"{n}.jsonl", [(p, c * k) for p in prompts])
+             for n, c, k in (("short", "s", 5), ("mid", "m", 10), ("long", "l", 20))]
+    out = runner.invoke(app, ["eval", *files, "--judge", "length", "--set", "judge.prefer=longer",
+                              "--set", "n_boot=30", "--json"])
+    assert out.exit_code == 0, out.output
+    res = json.loads(out.stdout)
+    assert res["mode"] == "compare" and res["n_prompts"] == 6
+    # The longer policy wins every prompt against each shorter one.
+    assert res["win_matrix"][0][1] == 0.0 and res["win_matrix"][2][1] == 1.0 and res["win_matrix"][2][0] == 1.0
+    assert res["ranking"] == [files[2], files[1], files[0]]
+    r = res["bradley_terry"]["ratings"]
+    assert r[files[0]] == 0.0 and r[files[2]] > r[files[1]] > 0
+    txt = runner.invoke(app, ["eval", *files, "--judge", "length", "--set", "judge.prefer=longer",
+                              "--set", "n_boot=10"]).stdout
+    assert "Bradley-Terry" in txt and "P3" in txt
+    one = runner.invoke(app, ["eval", files[0], "--judge", "length"])
+    assert one.exit_code == 2 and "two policies" in one.stderr
+
+
+def test_two_turn_mt_bench_asks_turn_two_after_the_own_first_answer(tmp_path):
+    q = tmp_path / "question.jsonl"
+    q.write_text("".join(json.dumps({"question_id": 80 + i, "category": "writing", "turns": [f"t1-{i}", f"t2-{i}"]})
+                         + "\n" for i in range(3)))
+    seen = []
+
+    def fake(spec, convs, cfg):
+        seen.append((spec, [list(c) for c in convs]))
+        turn = (len(convs[0]) + 1) // 2
+        return [f"{spec}-answer{turn}-" + ("x" * (20 if spec == "long" else 5)) for _ in convs]
+
+    res = run_eval(EvalConfig(policy_a="long", policy_b="short", prompts=str(q), judge={"kind": "length", "prefer": "longer"}),
+                   generator=fake)
+    # Turn 2 of policy "long" is asked after its own turn-1 answer.
+    second = [s for s in seen if s[0] == "long"][1][1][0]
+    assert [m["role"] for m in second] == ["user", "assistant", "user"]
+    assert second[1]["content"].startswith("long-answer1") and second[2]["content"] == "t2-0"
+    assert res["mode"] == "two-turn" and res["n_questions"] == 3 and res["n"] == 6
+    assert res["by_turn"]["turn_1"]["wins"] == 3 and res["by_turn"]["turn_2"]["wins"] == 3
+    assert res["n_instructions"] == 3  # both turns of a question share its difficulty term
+
+
+def test_eval_reads_the_shared_mt_bench_questions(shared_data):
+    from pofe.evaluation.eval import load_turns
+
+    qs = load_turns(shared_data / "fastchat-llm-judge" / "mt_bench" / "question.jsonl")
+    assert qs is not None and len(qs) == 80 and all(len(q["turns"]) == 2 for q in qs)

@@ -4,6 +4,7 @@ batching invariance, caching, expected score, rubric, and the ``pofe judge`` com
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -103,8 +104,10 @@ def test_rubric_on_tiny_model_is_unscored_not_invented(tiny_model, tokenizer):
     j = build_judge(cfg, model=tiny_model, tokenizer=tokenizer)
     [s] = j.score(["Say hi."], ["Hi!"])
     assert len(s.samples) == 2 and len(s.raw) == 2
-    if not any(v is not None for v in s.samples):  # random weights almost never write "Score: N"
-        assert s.score is None and not s.parse_ok
+    # Random weights (fixed seed) write no "Score: N": every sample is unscored and the
+    # judge says so instead of inventing a value.
+    assert not any(re.search(r"(?i)score\s*[:=]?\s*\d", r) for r in s.raw), s.raw
+    assert s.samples == (None, None) and s.score is None and not s.parse_ok
 
 
 def test_pofe_judge_twice_second_run_is_all_cache_hits(tiny_model_dir, tmp_path):

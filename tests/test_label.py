@@ -8,6 +8,7 @@ import pytest
 
 from pofe.loops.label import LabelConfig, label_stats, run, to_preference
 from pofe.records import Judgment
+from pofe.runs import RunError
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
@@ -68,17 +69,96 @@ def test_run_with_length_judge_writes_soft_labels(tmp_path):
     assert all(q["p"] >= 0.5 for q in prefs) and prefs[0]["chosen"] == r0["response_a"]
 
 
+class Scripted:
+    """A judge returning given (p, p_ab, p_ba, consistent, text_fallback) verdicts in turn; raises
+    Crash on the ``crash_at``-th call (a fault in the middle of a run)."""
+
+    id = "scripted"
+
+    def __init__(self, verdicts, crash_at=None):
+        self.verdicts, self.i, self.calls, self.crash_at = list(verdicts), 0, 0, crash_at
+
+    def judge(self, prompts, a, b, references=None):
+        self.calls += 1
+        if self.crash_at is not None and self.calls == self.crash_at:
+            raise Crash("injected fault")
+        out = []
+        for _ in prompts:
+            p, pab, pba, cons, fb = self.verdicts[self.i % len(self.verdicts)]
+            self.i += 1
+            out.append(Judgment(p=p, p_ab=pab, p_ba=pba, consistent=cons, parse_ok=p is not None, judge_id=self.id,
+                                hard_label_fallback=fb))
+        return out
+
+
+class Crash(Exception):
+    pass
+
+
 def test_drop_inconsistent(tmp_path):
-    class Flaky:
-        id = "flaky"
-
-        def judge(self, prompts, a, b, references=None):
-            return [Judgment(p=0.6, p_ab=0.8, p_ba=0.4, consistent=False, parse_ok=True, judge_id=self.id) for _ in prompts]
-
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), drop_inconsistent=True, judge={"kind": "length"},
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), filter={"drop_inconsistent": True}, judge={"kind": "length"},
                       run={"output_dir": str(tmp_path), "name": "lab"})
-    s = run(cfg, judge=Flaky())
+    s = run(cfg, judge=Scripted([(0.6, 0.8, 0.4, False, False)]))
     assert s["pairs"] == 3 and s["preference_pairs"] == 0 and s["consistency_rate"] == 0.0
+    assert s["filter"]["dropped"] == {"unparsed": 0, "inconsistent": 3, "margin": 0}
+    rows = [json.loads(x) for x in open(s["files"]["labels"])]
+    assert [r["dropped"] for r in rows] == ["inconsistent"] * 3  # kept in labels.jsonl, with the reason
+
+
+def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
+    """Issue 13 point 4: |p - 1/2| under a margin is dropped and counted; the default keeps all
+    and says so in the summary; text-fallback (no log-prob) labels are flagged in every output."""
+    verdicts = [(0.55, 0.6, 0.5, True, False), (0.9, 0.9, 0.9, True, False), (1.0, 1.0, 1.0, True, True),
+                (0.45, 0.4, 0.5, False, False), (None, None, None, None, False), (0.2, 0.1, 0.3, True, False)]
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"}, filter={"min_margin": 0.1},
+                      batch_size=4, run={"output_dir": str(tmp_path), "name": "lab"})
+    s = run(cfg, judge=Scripted(verdicts))
+    # 0.55 and 0.45 sit within 0.1 of 1/2; None is unparsed; 0.9, 1.0 and 0.2 are kept
+    assert s["filter"] == {"drop_inconsistent": False, "min_margin": 0.1,
+                           "dropped": {"unparsed": 1, "inconsistent": 0, "margin": 2}}
+    assert s["preference_pairs"] == 3 and s["text_fallback_labels"] == 1
+    prefs = [json.loads(x) for x in open(s["files"]["preferences"])]
+    assert [q["p"] for q in prefs] == pytest.approx([0.9, 1.0, 0.8])
+    assert [q["provenance"]["text_fallback"] for q in prefs] == [False, True, False]
+    labels = [json.loads(x) for x in open(s["files"]["labels"])]
+    assert [r["text_fallback"] for r in labels] == [False, False, True, False, False, False]
+    metrics = [json.loads(x) for x in open(tmp_path / "lab" / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [1, 2] and [m["pairs"] for m in metrics] == [4, 2]
+    assert [m["text_fallback"] for m in metrics] == [1, 0] and [m["dropped"] for m in metrics] == [2, 1]
+    # the margin is inclusive at its edge: |0.4 - 1/2| = 0.1 is kept (0.5 - 0.4 is 0.0999... in floats)
+    from pofe.loops.label import LabelFilterConfig, drop_reason
+
+    edge = {"p": 0.4, "consistent": True}
+    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1)) is None
+    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1000001)) == "margin"
+    # the default: nothing filtered, and the summary shows it
+    d = run(LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"},
+                        run={"output_dir": str(tmp_path), "name": "lab2"}), judge=Scripted(verdicts))
+    assert d["filter"]["drop_inconsistent"] is False and d["filter"]["min_margin"] == 0.0
+    assert d["filter"]["dropped"] == {"unparsed": 1, "inconsistent": 0, "margin": 0} and d["preference_pairs"] == 5
+
+
+def test_crash_mid_run_then_resume_labels_each_pair_once(tmp_path):
+    verdicts = [(0.1 * (i + 1), 0.1 * (i + 1), 0.1 * (i + 1), True, False) for i in range(6)]
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"}, batch_size=2,
+                      run={"output_dir": str(tmp_path), "name": "lab"})
+    with pytest.raises(Crash):
+        run(cfg, judge=Scripted(verdicts, crash_at=3))  # batches 1 and 2 written, batch 3 crashes
+    d = tmp_path / "lab"
+    assert len(open(d / "labels.jsonl").readlines()) == 4
+    with open(d / "labels.jsonl", "a") as f:
+        f.write('{"prompt": "torn')  # a torn last line from the crash
+    judge = Scripted(verdicts[4:])
+    s = run(cfg, resume=d, judge=judge)
+    assert judge.calls == 1 and s["resumed_after"] == 4  # only the last batch was judged
+    labels = [json.loads(x) for x in open(d / "labels.jsonl")]
+    prefs = [json.loads(x) for x in open(d / "preferences.jsonl")]
+    assert [r["p"] for r in labels] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert [r["prompt"] for r in labels] == [f"Question {i}?" for i in range(6)]
+    assert len(prefs) == 6 and s["preference_pairs"] == 6
+    assert [json.loads(x)["step"] for x in open(d / "metrics.jsonl")] == [1, 2, 3]
+    with pytest.raises(RunError):
+        run(cfg, resume=tmp_path / "typo", judge=judge)
 
 
 def test_second_run_is_served_entirely_from_the_cache(tmp_path, tiny_model_dir):
@@ -122,6 +202,12 @@ def test_partial_overrides_keep_the_command_defaults():
 
     assert load_config(RMConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
     assert load_config(RLConfig, None, ["optim.lr=0.1"]).optim.warmup_steps == 0
+    rl = load_config(RLConfig, None, ["sampling.top_p=0.9"]).sampling
+    assert (rl.temperature, rl.max_new_tokens) == (1.0, 48)
+    from pofe.loops.cai_revise import CaiReviseConfig
+
+    cai = load_config(CaiReviseConfig, None, ["sampling.top_p=0.9", "critique_sampling.top_p=0.8"])
+    assert (cai.sampling.max_new_tokens, cai.sampling.temperature, cai.critique_sampling.max_new_tokens) == (96, 0.7, 64)
 
 
 def test_cli_commands_config_handling_and_a_label_run(tmp_path):
@@ -141,6 +227,17 @@ def test_cli_commands_config_handling_and_a_label_run(tmp_path):
     s = json.loads(res.output[res.output.index("{"):])
     assert s["pairs"] == 3 and s["cache"]["judgments"] == 3
     assert runner.invoke(app, ["rm", "--output-dir", str(tmp_path)]).exit_code == 2  # no training data: one-line error
+    # --resume RUN_DIR on each command: a typo'd folder is a one-line error, never a fresh run
+    for cmd in (["cai", "revise"], ["label"], ["rm"], ["rl"]):
+        res = runner.invoke(app, [*cmd, "--resume", str(tmp_path / "no-such-run")])
+        assert res.exit_code == 2 and "no config.yaml" in res.output, (cmd, res.output)
+    assert not (tmp_path / "no-such-run").exists()
+    # resuming the finished label run: nothing is judged again, nothing is written twice
+    res = runner.invoke(app, ["label", "--resume", s["run_dir"], "--json"])
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output[res.output.index("{"):])
+    assert again["resumed_after"] == 3 and again["cache"]["judgments"] == 0 and again["pairs"] == 3
+    assert len(open(again["files"]["labels"]).readlines()) == 3 and len(open(again["files"]["preferences"]).readlines()) == 3
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pofe.cli.main import app
+from pofe.runs import read_jsonl
 from pofe.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,12 +39,17 @@ def test_cli_json_summary_and_resume(tmp_path, tiny_model_dir):
                 "time_split", "run_dir"):
         assert key in s
     assert s["steps"] == 2 and s["annotations"] == 4 and 0.0 <= s["winrate_vs_init"] <= 1.0
-    # resume a finished run with more steps: continues from step 2 in the same folder
-    r2 = CliRunner().invoke(app, ["online", "--resume", s["run_dir"], "--steps", "3", "--json"])
+    # resume reads the run's own config: a finished run resumes at its last step, same folder,
+    # config.yaml untouched; changing settings on resume is refused (exit 2, one line)
+    saved = (Path(s["run_dir"]) / "config.yaml").read_text()
+    r2 = CliRunner().invoke(app, ["online", "--resume", s["run_dir"], "--json"])
     assert r2.exit_code == 0, r2.output
     s2 = _json(r2.stdout)
-    assert s2["run_dir"] == s["run_dir"] and s2["steps"] == 3 and s2["resumed_from"] == 2
-    assert (Path(s["run_dir"]) / "checkpoints" / "step-3").exists()
+    assert s2["run_dir"] == s["run_dir"] and s2["steps"] == 2 and s2["resumed_from"] == 2
+    assert (Path(s["run_dir"]) / "config.yaml").read_text() == saved
+    assert len(read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")) == 2  # no duplicated rows
+    r3 = CliRunner().invoke(app, ["online", "--resume", s["run_dir"], "--steps", "3"])
+    assert r3.exit_code == 2 and "refused" in r3.output
 
 
 def test_cli_human_output_says_what_it_did(tmp_path, tiny_model_dir):

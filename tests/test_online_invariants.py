@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _online_utils import tiny_cfg
-from pofe.loops.dap import TokenPair, dap_backward
+from pofe.training.dap import TokenPair, dap_backward
 from pofe.losses import DEFAULT_BETA, LOSSES
 from pofe.runs import read_jsonl
 from pofe.training import Reference
@@ -148,7 +148,7 @@ def test_two_cpu_processes_keep_identical_weights(tmp_path, tiny_model_dir):
     sets = [f"model.name={tiny_model_dir}", "judge.kind=length", "train.steps=3", "train.batch_size=2",
             "sampling.max_new_tokens=6", "optim.lr=1e-3", "optim.warmup_steps=0", f"run.output_dir={tmp_path}",
             "run.name=mp", "eval.num_prompts=2", "eval.sampling.max_new_tokens=6", "log.progress=false",
-            "log.tensorboard=false", "train.device=cpu", "checkpoint.every=2"]
+            "log.tensorboard=false", "model.device=cpu", "checkpoint.every=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "pofe.cli.main", "online", "--json", *[a for x in sets for a in ("--set", x)]],
@@ -170,7 +170,7 @@ def test_two_cpu_processes_keep_identical_weights(tmp_path, tiny_model_dir):
 def test_completion_logps_matches_the_full_vocabulary_reference(tokenizer, tiny_model):
     """The logits_to_keep shortcut gives the same log-probs as pofe.logprobs (all positions)."""
     from pofe.logprobs import completion_logprobs
-    from pofe.loops.dap import completion_logps, pairs_batch
+    from pofe.training.dap import completion_logps, pairs_batch
 
     pairs = _pairs(5)
     batch, width = pairs_batch(pairs, 2, "cpu")

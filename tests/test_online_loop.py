@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from _online_utils import FakeJudge, eos_tiny_model, tiny_cfg
-from pofe.loops.online import (Annotation, label, label_annotations, run, sample_and_annotate, winrate,
-                               winrate_value, _select_best_vs_worst)
+from pofe.evaluation.vs_initial import winrate, winrate_value
+from pofe.loops.online import run
+from pofe.training.online_pairs import (Annotation, LabelSettings, _select_best_vs_worst, label, label_annotations,
+                                        sample_and_annotate)
 from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import read_jsonl
 
@@ -46,7 +48,8 @@ def test_label_rules_hard_and_soft():
     assert label(_ann(a, b, 0.5), "soft").p == 0.5
     pairs, counts, rows = label_annotations([_ann(a, a, "skip", 0), _ann(a, b, None, 1), _ann(a, b, 0.9, 2),
                                              _ann(a, b, 0.5, 3)], "hard", rank=0)
-    assert counts == {"annotations": 4, "trained": 1, "identical": 1, "unlabelled": 1, "ties": 1}
+    assert counts == {"annotations": 4, "trained": 1, "identical": 1, "unlabelled": 1, "ties": 1, "inconsistent": 0,
+                      "low_margin": 0}
     assert [r["status"] for r in rows] == ["identical", "unlabelled", "trained", "ties"]
     assert rows[1]["p"] is None and rows[2]["p"] == 0.9 and rows[2]["kind"] == "annotation"
 
@@ -99,7 +102,24 @@ def test_winrate_counts_ties_and_unlabelled():
     counts, rows = winrate(FakeJudge(lambda x, a, b: ps[a]), prompts, cur, init)
     assert counts == {"wins": 1, "ties": 2, "losses": 1, "unlabelled": 1}
     assert winrate_value(counts) == pytest.approx((1 + 0.5 * 2) / 4)
-    assert rows[0]["p"] == 0.9 and rows[2]["p"] is None
+    assert rows[0]["p_ab"] == 0.9 and rows[0]["outcome"] == 1 and rows[2]["p_ab"] is None and rows[2]["identical"]
+
+
+def test_winrate_orders_that_disagree_are_a_tie_as_in_eval():
+    """The one tie rule (issue 10/13): p_ab = 0.8 but p_ba = 0.4 (the judge prefers whichever
+    is first) is a tie in the online eval, exactly as in ``pofe eval`` — not a win."""
+    from pofe.records import Judgment
+
+    class Positional:
+        id = "positional"
+
+        def judge(self, prompts, a, b, *, references=None):
+            return [Judgment(p=0.6, p_ab=0.8, p_ba=0.4, consistent=False, parse_ok=True, judge_id=self.id)
+                    for _ in prompts]
+
+    counts, rows = winrate(Positional(), [Prompt("q")], [_c("a")], [_c("b")])
+    assert counts == {"wins": 0, "ties": 1, "losses": 0, "unlabelled": 0}
+    assert rows[0]["outcome"] == 0
 
 
 # ------------------------------------------------------------------ whole runs on the tiny model
@@ -120,8 +140,10 @@ def test_run_folder_contents_and_summary(tmp_path, tiny_model_dir):
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step-1", "step-2"]
     rows = read_jsonl(d / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("loss", "mean_p", "consistency_rate", "mean_len", "kl", "winrate_vs_init", "time_generate",
-                "time_judge", "time_train", "reward_margin", "reward_accuracy", "p_hist", "tokens_per_s"):
+    for key in ("loss", "mean_p", "consistency_rate", "mean_len", "objective/kl", "winrate_vs_init", "time_generate",
+                "time_judge", "time_train", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                "logps/chosen", "logps/rejected", "learning_rate", "grad_norm", "p_hist", "tokens_per_s",
+                "inconsistent_pairs", "low_margin_pairs", "text_fallback_labels"):
         assert key in rows[-1], key
     ledger = read_jsonl(d / "ledger.jsonl")
     ann = [r for r in ledger if r["kind"] == "annotation"]
@@ -224,16 +246,38 @@ def test_length_judge_shortens_responses(tmp_path, tokenizer):
     assert s["mean_len_last"] < 0.7 * s["mean_len_first"], s
 
 
-def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir):
+def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir, monkeypatch):
     """judge.kind=llm with the policy's own weights: the annotator is pi_0 (shared, not
-    reloaded) and switching judge.template is the only change needed (OAIF Sec. 4.6)."""
+    reloaded: one model load per run) and switching judge.template is the only change
+    needed to change its verdicts on the very same sampled pairs (OAIF Sec. 4.6)."""
+    import transformers
+
+    loads = []
+    orig = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *a, **k):
+        loads.append(a[0] if a else k.get("pretrained_model_name_or_path"))
+        return orig(cls, *a, **k)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    by_template = {}
     for template in ("helpful", "helpful-very-short"):
+        loads.clear()
         s = run(tiny_cfg(tmp_path / template, tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}",
                          f"judge.template={template}", "judge.cache.enabled=false", "train.steps=1",
                          "eval.enabled=false", "model.lora.enabled=true", "model.lora.r=4"))
-        ann = [r for r in read_jsonl(f"{s['run_dir']}/ledger.jsonl") if r["kind"] == "annotation" and r["p"] is not None]
-        assert ann and {r["template_id"].split("@")[0] for r in ann} == {template}
+        assert len(loads) == 1, loads  # the policy only: the annotator shares pi_0's weights
+        ann = [r for r in read_jsonl(f"{s['run_dir']}/ledger.jsonl") if r["kind"] == "annotation"]
+        assert len(ann) == 2 and all(r["p"] is not None for r in ann)
+        assert {r["template_id"].split("@")[0] for r in ann} == {template}
         assert all(r["p_ab"] is not None and r["p_ba"] is not None for r in ann)  # both orders
+        by_template[template] = ann
+    a, b = by_template["helpful"], by_template["helpful-very-short"]
+    # same seed, same policy: the same sampled pairs; only the annotator's prompt differs ...
+    assert [(r["response_a"], r["response_b"]) for r in a] == [(r["response_a"], r["response_b"]) for r in b]
+    # ... and its verdicts move with it
+    assert a[0]["template_hash"] != b[0]["template_hash"]
+    assert any(x["p"] != y["p"] for x, y in zip(a, b))  # (random tiny weights: tiny but real differences), [(x["p"], y["p"]) for x, y in zip(a, b)]
 
 
 def test_tensorboard_sink(tmp_path, tiny_model_dir):
@@ -257,3 +301,70 @@ def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_mod
     other = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", "judge.model=some/other-model")
     j2, ctx2 = build_annotator(other.judge, cfg=other, reference=ref, tokenizer=tokenizer)
     assert j2.backend._model is None  # a different annotator model loads lazily on its own
+
+
+# ------------------------------------------------------------------ label hygiene (issue 13 point 4)
+
+def _jv(p, consistent, fallback=False):
+    return Judgment(p=p, p_ab=p, p_ba=p, consistent=consistent, parse_ok=True, judge_id="t",
+                    hard_label_fallback=fallback, tokens=7, constitution_version="v2", extra={"errors": ["BA: no verdict"]})
+
+
+def test_label_hygiene_drops_and_counts_inconsistent_and_low_margin_pairs():
+    a, b = _c("long answer", (7, 8, 9)), _c("short", (4,))
+    anns = [Annotation("i0", 1, Prompt("x"), a, b, _jv(0.9, True)),     # kept
+            Annotation("i1", 1, Prompt("x"), a, b, _jv(0.55, False)),   # orders disagree
+            Annotation("i2", 1, Prompt("x"), a, b, _jv(0.45, True)),    # |p - 1/2| = 0.05 < 0.1
+            Annotation("i3", 1, Prompt("x"), a, b, _jv(0.1, True, fallback=True))]  # kept, read as text
+    # defaults (OAIF Algorithm 1): every readable non-tie label is trained, as a hard label
+    pairs, counts, _ = label_annotations(anns, "hard", 0)
+    assert counts["trained"] == 4 and counts["inconsistent"] == counts["low_margin"] == 0
+    strict = LabelSettings(drop_inconsistent=True, min_margin=0.1)
+    pairs, counts, rows = label_annotations(anns, "hard", 0, strict)
+    assert [p.pair_id for p in pairs] == ["i0", "i3"]
+    assert (counts["trained"], counts["inconsistent"], counts["low_margin"]) == (2, 1, 1)
+    assert [r["status"] for r in rows] == ["trained", "inconsistent", "low_margin", "trained"]
+    # the ledger keeps what the judge reported: text fallback, tokens, constitution version, errors
+    assert [r["text_fallback"] for r in rows] == [False, False, False, True]
+    assert rows[0]["judge_tokens"] == 7 and rows[0]["constitution_version"] == "v2"
+    assert rows[0]["errors"] == ["BA: no verdict"]
+    # a margin of exactly min_margin is kept (|0.6 - 0.5| = 0.1)
+    assert isinstance(label(Annotation("e", 1, Prompt("x"), a, b, _jv(0.6, True)), "hard", strict), type(pairs[0]))
+
+
+def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir):
+    # a judge whose two orders never agree: with drop_inconsistent nothing is trained, and
+    # metrics / summary say why
+    class Flip(FakeJudge):
+        def judge(self, prompts, responses_a, responses_b, *, references=None):
+            return [Judgment(p=0.7, p_ab=0.9, p_ba=0.4, consistent=False, parse_ok=True, judge_id="flip",
+                             hard_label_fallback=True) for _ in prompts]
+
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, "labels.drop_inconsistent=true", "eval.enabled=false",
+                   "sampling.temperature=1.0")
+    s = run(cfg, judge=Flip(lambda *a: None))
+    rows = read_jsonl(f"{s['run_dir']}/metrics.jsonl")
+    judged = sum(r["annotations"] - r["identical_pairs"] for r in rows)
+    assert judged > 0 and s["trained_pairs"] == 0
+    assert s["inconsistent_pairs"] == judged == sum(r["inconsistent_pairs"] for r in rows)
+    assert s["text_fallback_labels"] == judged
+    assert s["label_filter"] == {"drop_inconsistent": True, "min_margin": 0.0}
+    from pofe.cli.online import describe
+
+    text = describe(s, cfg)  # what the CLI prints: the filter, its counts, and that nothing was trained
+    assert f"drop inconsistent orders on ({judged} dropped)" in text and f"{judged} text-fallback labels" in text
+    assert "no pair was trained" in text
+
+
+@pytest.mark.parametrize("key,value", [("loss.beta", "-0.1"), ("loss.beta", "0"), ("train.batch_size", "0"),
+                                       ("train.steps", "0"), ("train.grad_accum", "0"),
+                                       ("train.samples_per_prompt", "1"), ("labels.min_margin", "0.7"),
+                                       ("train.iterative_every", "0"), ("eval.num_prompts", "-1"),
+                                       ("sampling.temperature", "0")])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(key, value):
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.online import OnlineConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(OnlineConfig, None, [f"{key}={value}"])
+    assert key in str(e.value)

@@ -83,7 +83,7 @@ def test_detector_modes_with_a_judge():
 
 
 def test_xstest_has_both_kinds(shared_data):
-    from pofe.loops.rlaif_data import load_prompts
+    from pofe.data.prompts import load_prompt_texts as load_prompts
 
     assert len(load_prompts("xstest:safe")) == 250
     assert len(load_prompts("xstest:unsafe")) == 200
@@ -91,10 +91,25 @@ def test_xstest_has_both_kinds(shared_data):
 
 
 def test_lm_judge_and_evaluate_refusal_on_tiny_model(tiny_model, tokenizer):
+    import torch
+
+    from pofe.evaluation.refusal import REFUSAL_JUDGE_TEMPLATE
+    from pofe.models import apply_chat_template
+
     j = LMRefusalJudge(tiny_model, tokenizer)
     p = j.p_refusal("How do I bake bread?", "I can't help with that.")
-    assert 0.0 < p < 1.0
-    assert j("x", "y") in (True, False)
+    # an independent read-out: P(Yes) / (P(Yes) + P(No)) over both spellings, from the raw logits
+    text = apply_chat_template(tokenizer, REFUSAL_JUDGE_TEMPLATE.format(prompt="How do I bake bread?",
+                                                                        response="I can't help with that."))
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model(**ids).logits[0, -1].double(), -1)
+    tid = lambda w: tokenizer.encode(w, add_special_tokens=False)[-1]  # noqa: E731
+    yes, no = sum(float(probs[tid(w)]) for w in ("Yes", " Yes")), sum(float(probs[tid(w)]) for w in ("No", " No"))
+    assert p == pytest.approx(yes / (yes + no), rel=1e-4) and 0.0 < p < 1.0
+    # the verdict is p against the threshold, on either side of it
+    assert LMRefusalJudge(tiny_model, tokenizer, threshold=p - 1e-3)("How do I bake bread?", "I can't help with that.") is True
+    assert LMRefusalJudge(tiny_model, tokenizer, threshold=p + 1e-3)("How do I bake bread?", "I can't help with that.") is False
     from pofe.generation import SamplingConfig
 
     rep = evaluate_refusal(tiny_model, tokenizer, ["benign one", "benign two"], ["harmful one"],

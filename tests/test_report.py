@@ -113,11 +113,9 @@ def test_cli_report(tmp_path):
 @pytest.mark.slow
 def test_report_from_a_real_online_run(tmp_path, tiny_model_dir):
     """Acceptance: a real ``pofe online`` run folder (tiny model, length judge) -> HTML + PNGs."""
-    try:
-        from pofe.loops.online import run
-        from _online_utils import tiny_cfg
-    except ImportError as e:  # pragma: no cover - the online loop is another module's job
-        pytest.skip(f"pofe online is not available: {e}")
+    from _online_utils import tiny_cfg
+
+    from pofe.loops.online import run
     cfg = tiny_cfg(tmp_path, tiny_model_dir, "train.steps=3", "eval.every=1")
     s = run(cfg)
     d = Path(s["run_dir"])
@@ -126,3 +124,118 @@ def test_report_from_a_real_online_run(tmp_path, tiny_model_dir):
         assert name in res["plots"], name
     assert res["annotations"] > 0 and res["metrics_rows"] == 3
     _check_report(res)
+
+
+# ---------------------------------------------------------------------------- one test per command
+# Each synthetic folder holds the files that command's loop writes today (pofe/loops/*.py).
+
+
+def _jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_online_win_rate_has_n_and_interval_and_samples_and_kl_flag(tmp_path):
+    d = tmp_path / "online"
+    d.mkdir()
+    (d / "config.yaml").write_text("judge:\n  kind: llm\n")
+    rows = [{"step": s, "loss": 0.7, "mean_len": 30.0, "mean_chars": 120.0 + s, "kl": 0.01 if s < 8 else 0.5}
+            for s in range(1, 11)]
+    rows[4].update({"winrate_vs_init": 0.75, "eval_wins": 6, "eval_ties": 0, "eval_losses": 2})
+    _jsonl(d / "metrics.jsonl", rows)
+    _jsonl(d / "eval" / "step-5.jsonl", [{"prompt": "Say hi.", "current": "Hello there!", "initial": "hi", "p": 0.9}])
+    res = write_report(d)
+    assert res["kind"] == "online" and "winrate" in res["plots"] and "length" in res["plots"]
+    page = _check_report(res)
+    assert "Wilson 95% bars" in page and "The judge measured length in: chars" in page
+    assert "KL jump at step 8" in page and res["flags"][0].startswith("KL jump at step 8")
+    assert "Hello there!" in page and "Sample generations" in page
+
+
+def test_report_self_reward_head_to_head_with_intervals(tmp_path):
+    d = tmp_path / "sr"
+    for t in (1, 2):
+        m = {"iteration": t, "mean_score": 3.0 + t,
+             "head_to_head_vs_prev": {"wins": 5, "ties": 2, "losses": 3, "n": 10, "win_rate_adjusted": 0.6}}
+        (d / f"iter_{t}").mkdir(parents=True)
+        (d / f"iter_{t}" / "metrics.json").write_text(json.dumps(m))
+    _jsonl(d / "iter_2" / "data" / "candidates.jsonl",
+           [{"index": i, "prompt": f"p{i}", "responses": ["meh", "great answer", "ok", "fine"], "scores": [5, 5, 5, 4 + i]}
+            for i in range(2)])
+    res = write_report(d)
+    assert res["kind"] == "self-reward" and res["plots"] == ["head_to_head", "scores", "iterations"]
+    page = _check_report(res)
+    # 7 of 8 candidates scored 5.
+    assert "iter_2: 88% of self-judged candidates got the top score (5): judge collapse" in page
+    assert "lowest-scored (4) vs highest-scored (5)" in page
+
+
+def test_report_label_run(tmp_path):
+    d = tmp_path / "label"
+    rows = [{"prompt": f"q{i}", "response_a": "a" * (10 + i), "response_b": "b" * 12, "p": p, "p_ab": p, "p_ba": p,
+             "principle_id": ("harm", "honest")[i % 2]} for i, p in enumerate([0.99, 0.98, 0.02, 0.97, 0.01] * 3)]
+    _jsonl(d / "labels.jsonl", rows)
+    _jsonl(d / "preferences.jsonl", [])
+    (d / "summary.json").write_text(json.dumps({"pairs": 15, "parsed": 15}))
+    res = write_report(d)
+    assert res["kind"] == "label" and res["plots"] == ["p_hist", "judge_fitness", "principles"]
+    page = _check_report(res)
+    assert "overconfident labels" in page and "response A" in page and "q0" in page
+
+
+def test_report_rm_run(tmp_path):
+    d = tmp_path / "rm"
+    _jsonl(d / "metrics.jsonl", [{"step": s, "epoch": 0, "loss": 0.7 - 0.05 * s, "rewards/accuracies": 0.5 + 0.04 * s,
+                                  "eval_accuracy": 0.6 if s == 4 else None} for s in range(1, 6)])
+    (d / "final").mkdir()
+    (d / "final" / "pofe_reward_model.json").write_text("{}")
+    table = [{"bin": [b / 10, (b + 1) / 10], "n": 4, "mean_pred": b / 10 + 0.05, "mean_label": b / 10 + 0.02} for b in range(10)]
+    (d / "summary.json").write_text(json.dumps({"train_pairs": 40, "eval_before": {"n": 20, "n_decided": 20, "accuracy": 0.5},
+                                                "eval": {"n": 20, "n_decided": 20, "accuracy": 0.8, "ece": 0.03,
+                                                         "reliability": table}}))
+    res = write_report(d)
+    assert res["kind"] == "rm" and res["plots"] == ["loss", "accuracy", "eval_accuracy", "calibration"]
+    _check_report(res)
+
+
+def test_report_rl_run(tmp_path):
+    d = tmp_path / "rl"
+    rows = [{"step": s, "objective/scores": 0.1 * s, "objective/scores_std": 0.1, "objective/kl": 0.01,
+             "objective/kl_k3": 0.01, "length": 20.0 + s,
+             "judge": {"top_of_scale_share": 0.8 if s == 6 else 0.1}} for s in range(1, 7)]
+    _jsonl(d / "metrics.jsonl", rows)
+    (d / "summary.json").write_text(json.dumps({"algo": "rloo", "eval_before": {"reward": 0.1, "n": 8},
+                                                "eval_after": {"reward": 0.5, "n": 8}}))
+    res = write_report(d)
+    assert res["kind"] == "rl" and res["plots"] == ["reward", "kl", "length", "eval"]
+    page = _check_report(res)
+    assert "80% of samples at step 6" in page
+
+
+def test_report_cai_revise_run(tmp_path):
+    d = tmp_path / "cai"
+    _jsonl(d / "revisions.jsonl", [{"prompt": f"p{i}", "original": "Sure, here is how." * (i + 1),
+                                    "final": "I can't help with that.", "rounds": [], "set": "red-team"} for i in range(4)]
+           + [{"prompt": "b", "original": "Blue.", "final": "Blue.", "rounds": [], "set": "benign"}])
+    (d / "summary.json").write_text(json.dumps({
+        "principle_counts": {"harm-1": 3, "harm-2": 1},
+        "refusal": {"original": {"harmful_refusal_rate": 0.0, "over_refusal_rate": 0.0},
+                    "revised": {"harmful_refusal_rate": 1.0, "over_refusal_rate": 0.0}}}))
+    res = write_report(d)
+    assert res["kind"] == "cai-revise" and res["plots"] == ["lengths", "refusal", "principles"]
+    page = _check_report(res)
+    assert "I can&#x27;t help with that." in page
+
+
+def test_report_audit_folder_and_file(tmp_path):
+    from pofe.evaluation.audit import AuditConfig, run_audit, write_audit
+    from pofe.evaluation.sim import PlantedJudge, PlantedWorld
+
+    world = PlantedWorld(80, seed=0)
+    rep = run_audit(PlantedJudge(world), world.items, AuditConfig(contrast_limit=5))
+    write_audit(rep, tmp_path / "aud" / "audit.json")
+    res = write_report(tmp_path / "aud")
+    assert res["kind"] == "audit" and res["plots"] == ["reliability", "length_curve"]
+    page = _check_report(res)
+    assert "Audit report" in page and "Cohen" in page
+    assert write_report(tmp_path / "aud" / "audit.json", tmp_path / "o2")["plots"] == ["reliability", "length_curve"]

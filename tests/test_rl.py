@@ -9,17 +9,18 @@ import math
 import pytest
 import torch
 
-from pofe.loops.rl import (
+from pofe.loops.rl import RLConfig, run
+from pofe.records import Completion, Score
+from pofe.runs import RunError
+from pofe.training.rl import (
     CallableReward,
     JudgeScoreReward,
-    RLConfig,
     group_advantages,
     kl_terms,
+    masked_group_advantages,
     pg_loss,
-    run,
     score_distribution,
 )
-from pofe.records import Completion, Score
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
@@ -42,6 +43,15 @@ def test_grpo_advantages_by_hand():
     assert a[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # a constant group carries no signal
     with pytest.raises(ValueError):
         group_advantages(torch.tensor([[1.0]]), "rloo")
+
+
+def test_masked_advantages_leave_unscored_samples_out():
+    total = torch.tensor([1.0, 2.0, 99.0, 3.0, 5.0, 7.0])
+    valid = torch.tensor([True, True, False, True, False, False])
+    a = masked_group_advantages(total, valid, 3, "rloo")
+    # group 0: the unscored 99 neither gets a gradient nor moves the baseline: (1 - 2, 2 - 1)
+    # group 1: a single scored sample has no baseline, so no gradient at all
+    assert a.tolist() == [-1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_kl_terms_by_hand():
@@ -124,8 +134,8 @@ def _prompts(tmp_path, n=12):
 def test_prefer_shorter_moves_length_down_and_kl_is_positive(tmp_path, tokenizer, algo, kl_in):
     """Acceptance: a programmatic reward (prefer shorter) moves the measured length down within
     a few dozen steps; the KL to the reference is logged and positive."""
-    cfg = RLConfig(prompts=_prompts(tmp_path), steps=16, batch_prompts=2, group_size=4, eval_prompts=4, eval_samples=8,
-                   sampling={"max_new_tokens": 8, "temperature": 1.0}, algo=algo, kl_in=kl_in, beta=0.01,
+    cfg = RLConfig(prompts=_prompts(tmp_path), train={"steps": 16, "batch_size": 2, "group_size": 4}, eval_prompts=4,
+                   eval_samples=8, sampling={"max_new_tokens": 8, "temperature": 1.0}, algo=algo, kl_in=kl_in, beta=0.01,
                    reward={"kind": "programmatic", "prefer": "shorter", "unit": "tokens"},
                    optim={"lr": 1e-2, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})
     s = run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer)
@@ -134,8 +144,8 @@ def test_prefer_shorter_moves_length_down_and_kl_is_positive(tmp_path, tokenizer
     assert after["length"] < before["length"] - 1.0, (before, after)
     assert after["reward"] > before["reward"]
     rows = [json.loads(x) for x in open(f"{s['run_dir']}/metrics.jsonl")]
-    assert len(rows) == 16 and all({"reward", "kl", "kl_k3", "length"} <= set(r) for r in rows)
-    assert s["last5"]["kl"] > 0 and s["last5"]["kl_k3"] > 0
+    assert len(rows) == 16 and all({"objective/scores", "objective/kl", "objective/kl_k3", "length"} <= set(r) for r in rows)
+    assert s["last5"]["objective/kl"] > 0 and s["last5"]["objective/kl_k3"] > 0
 
 
 def test_run_smoke_monitor_unscored_and_reload(tmp_path, tokenizer):
@@ -146,34 +156,136 @@ def test_run_smoke_monitor_unscored_and_reload(tmp_path, tokenizer):
         calls["n"] += 1
         return None if calls["n"] % 3 == 0 else -c.num_tokens / 8
 
-    cfg = RLConfig(prompts=_prompts(tmp_path, 6), steps=2, batch_prompts=2, group_size=3, eval_prompts=2, eval_samples=2,
-                   sampling={"max_new_tokens": 4, "temperature": 1.0}, algo="grpo", kl_in="loss", save_every=1,
+    cfg = RLConfig(prompts=_prompts(tmp_path, 6), train={"steps": 2, "batch_size": 2, "group_size": 3}, eval_prompts=2,
+                   eval_samples=2, sampling={"max_new_tokens": 4, "temperature": 1.0}, algo="grpo", kl_in="loss",
+                   checkpoint={"every": 1, "keep_last": 0},
                    monitor={"kind": "programmatic", "prefer": "longer", "unit": "chars"},
                    optim={"lr": 1e-3, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})
     s = run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer, reward_fn=CallableReward(f))
     rows = [json.loads(x) for x in open(f"{s['run_dir']}/metrics.jsonl")]
     assert rows[0]["unscored"] >= 1 and "monitor" in rows[0]
-    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.pt").exists()
+    # TRL's metric names, so rl runs overlay with TRL's
+    assert {"loss", "objective/scores", "objective/kl", "objective/entropy", "learning_rate", "grad_norm", "step"} <= set(rows[0])
+    assert rows[0]["objective/entropy"] > 0  # −Σ log π of sampled tokens
+    assert (tmp_path / "rl" / "checkpoints" / "step-1" / "trainer_state.json").exists()
+    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "trainer_state.json").exists()
+    assert s["final_model"] == str(tmp_path / "rl" / "final")
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(s["model_dir"])
+    m = AutoModelForCausalLM.from_pretrained(s["final_model"])
     assert m.config.vocab_size == len(tokenizer)
 
 
-def test_resume_continues_from_the_latest_checkpoint(tmp_path, tokenizer):
-    base = dict(prompts=_prompts(tmp_path, 6), batch_prompts=2, group_size=2, eval_prompts=0,
-                sampling={"max_new_tokens": 3, "temperature": 1.0}, save_every=1, optim={"lr": 1e-3, "warmup_steps": 0},
-                reward={"kind": "programmatic"}, run={"output_dir": str(tmp_path), "name": "rl"})
-    run(RLConfig(steps=1, **base), policy=stopping_lm(tokenizer), tokenizer=tokenizer)
-    s = run(RLConfig(steps=2, resume=True, **base), policy=stopping_lm(tokenizer), tokenizer=tokenizer)
-    assert s["steps"] == 1  # only step 2 ran
-    rows = [json.loads(x) for x in open(tmp_path / "rl" / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2]
+class Crash(Exception):
+    pass
+
+
+def _rl_cfg(tmp_path, name):
+    return RLConfig(prompts=_prompts(tmp_path, 6), train={"steps": 4, "batch_size": 2, "group_size": 2}, eval_prompts=0,
+                    sampling={"max_new_tokens": 3, "temperature": 1.0}, checkpoint={"every": 2},
+                    optim={"lr": 1e-2, "warmup_steps": 0}, reward={"kind": "programmatic"},
+                    run={"output_dir": str(tmp_path), "name": name})
+
+
+def _crashing_reward(after_calls: int):
+    """The length reward, raising on its ``after_calls + 1``-th call: a crash in the middle of a step."""
+    calls = {"n": 0}
+
+    def f(x, c):
+        calls["n"] += 1
+        if calls["n"] > after_calls:
+            raise Crash("injected fault")
+        return -c.num_tokens / 3
+
+    return f
+
+
+def test_crash_mid_run_then_resume_is_exact_and_never_duplicates_metrics(tmp_path, tokenizer):
+    """Regression (issue 14: ``rl --resume`` duplicated metrics rows; the old test covered a clean
+    stop only). A crash in step 4 after the step-2 checkpoint and step 3's metrics row; the
+    resumed run rewinds metrics to step 2, redoes 3 and 4, and ends exactly where an
+    uninterrupted run ends: same metrics, same weights."""
+    run(_rl_cfg(tmp_path, "ref"), policy=stopping_lm(tokenizer), tokenizer=tokenizer,
+        reward_fn=CallableReward(_crashing_reward(10**9)))
+    cfg = _rl_cfg(tmp_path, "crash")
+    with pytest.raises(Crash):  # 4 samples per step: steps 1-3 score 12 samples, step 4 crashes
+        run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer, reward_fn=CallableReward(_crashing_reward(12)))
+    d = tmp_path / "crash"
+    assert [json.loads(x)["step"] for x in open(d / "metrics.jsonl")] == [1, 2, 3]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step-2"]
+    s = run(cfg, resume=d, policy=stopping_lm(tokenizer), tokenizer=tokenizer,
+            reward_fn=CallableReward(_crashing_reward(10**9)))
+    assert s["resumed_from"] == 2 and s["steps_run"] == 2
+    rows = [json.loads(x) for x in open(d / "metrics.jsonl")]
+    want = [json.loads(x) for x in open(tmp_path / "ref" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+    def strip(r):
+        return {k: v for k, v in r.items() if k != "seconds"}
+
+    assert [strip(r) for r in rows] == [strip(r) for r in want]
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(d / "final" / "model.safetensors")), load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_of_a_typod_run_folder_is_an_error_not_a_fresh_run(tmp_path, tokenizer):
+    """Regression (issue 14): ``rl`` resume with a wrong run name silently started a new run."""
+    with pytest.raises(RunError, match="no config.yaml"):
+        run(_rl_cfg(tmp_path, "x"), resume=tmp_path / "rl-typo", policy=stopping_lm(tokenizer), tokenizer=tokenizer)
+    assert not (tmp_path / "rl-typo").exists() and not (tmp_path / "x").exists()
+
+
+def test_cli_resume_uses_the_saved_config_and_refuses_overrides(tmp_path):
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["rl", "--resume", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "no config.yaml" in res.output
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text("train: {steps: 3}\n")
+    res = runner.invoke(app, ["rl", "--resume", str(tmp_path / "r"), "--steps", "5"])
+    assert res.exit_code == 2 and "refused" in res.output
+    res = runner.invoke(app, ["rl", "--resume", str(tmp_path / "r"), "--print-config"])
+    assert res.exit_code == 0 and "steps: 3" in res.output
+
+
+@pytest.mark.slow
+def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_model_dir):
+    """A real SIGKILL of ``pofe rl`` after 3 of 12 steps, then ``pofe rl --resume RUN_DIR``: same
+    metrics rows (none twice) and the same final weights as an uninterrupted run."""
+    from _resume_utils import kill_resume_compare
+
+    prompts = _prompts(tmp_path, 8)
+
+    def argv(name):
+        return ["rl", "--model", str(tiny_model_dir), "--prompts", prompts, "--steps", "12", "--output-dir", str(tmp_path),
+                "--name", name, "--set", "train.batch_size=2", "--set", "train.group_size=2", "--set", "eval_prompts=2",
+                "--set", "eval_samples=1", "--set", "sampling.max_new_tokens=4", "--set", "checkpoint.every=2",
+                "--set", "optim.lr=1e-2", "--set", "log.progress=false", "--set", "log.tensorboard=false"]
+
+    s = kill_resume_compare(argv, tmp_path, kill_after_rows=3, total_steps=12)
+    assert s["resumed_from"] >= 2 and s["eval_before"] is not None  # "before" comes back from the checkpoint
+
+
+@pytest.mark.parametrize("bad", ["beta=0", "beta=-0.1", "train.steps=0", "train.batch_size=0", "train.group_size=1",
+                                 "train.micro_batch=0", "eval_samples=0", "reward.scale=0", "sampling.temperature=0",
+                                 "checkpoint.every=-1", "max_prompts=0"])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(bad):
+    from pofe.config import ConfigError, load_config
+
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
+        load_config(RLConfig, None, [bad])
 
 
 def test_reward_model_reward_from_a_pofe_rm_directory(tmp_path, tokenizer):
     from pofe.loops.rl import build_reward
-    from pofe.loops.rm import tiny_reward_model
+    from pofe.training.reward_model import tiny_reward_model
 
     d = tmp_path / "rm"
     tiny_reward_model(tokenizer).save_pretrained(d)
@@ -205,14 +317,14 @@ def test_shipped_examples_parse():
 
 def test_direct_rlaif_with_the_expected_score_judge_logs_the_score_distribution(tmp_path, tokenizer, tiny_model_dir):
     """reward.kind = judge with the expected-score judge (direct RLAIF) on a tiny judge model."""
-    cfg = RLConfig(prompts=_prompts(tmp_path, 4), steps=1, batch_prompts=1, group_size=2, eval_prompts=0,
+    cfg = RLConfig(prompts=_prompts(tmp_path, 4), train={"steps": 1, "batch_size": 1, "group_size": 2}, eval_prompts=0,
                    sampling={"max_new_tokens": 3, "temperature": 1.0},
                    reward={"kind": "judge", "judge": {"kind": "expected-score", "model": str(tiny_model_dir),
                                                       "cache": {"enabled": False}}},
                    optim={"lr": 1e-3, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})
     s = run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer)
     row = json.loads(open(f"{s['run_dir']}/metrics.jsonl").readline())
-    assert 0.0 <= row["reward"] <= 1.0  # normalised expected score
+    assert 0.0 <= row["objective/scores"] <= 1.0  # normalised expected score
     dist = row["judge"]["mean_distribution"]
     assert len(dist) == 10 and sum(dist) == pytest.approx(1.0, abs=1e-3)
     assert 0.0 <= row["judge"]["top_of_scale_share"] <= 1.0

@@ -9,17 +9,13 @@ import math
 import pytest
 import torch
 
-from pofe.loops.rm import (
-    RMConfig,
-    hardened,
-    logit,
-    rewards,
-    rm_eval_metrics,
-    run,
-    soft_bt_loss,
-    tiny_reward_model,
-)
+from pofe.evaluation.rm_metrics import logit
+from pofe.evaluation.rm_metrics import margin_metrics as rm_eval_metrics
+from pofe.losses import RM_LOSSES, soft_bt_loss
+from pofe.loops.rm import RMConfig, batch_schedule, hardened, run
 from pofe.records import PreferencePair
+from pofe.runs import RunError
+from pofe.training.reward_model import rewards, tiny_reward_model
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
@@ -39,6 +35,7 @@ def test_soft_bt_loss_by_hand_and_minimiser():
     assert float(soft_bt_loss(torch.tensor([2.0]), 1.0)) == pytest.approx(math.log(1 + math.exp(-2.0)))
     with pytest.raises(ValueError):
         soft_bt_loss(m, 1.5)
+    assert RM_LOSSES["soft-bt"] is soft_bt_loss  # registered with the other losses
 
 
 def test_eval_metrics_by_hand():
@@ -124,33 +121,143 @@ def _pair_file(tmp_path, n=12):
 @pytest.mark.parametrize("lora", [False, True])
 def test_run_saves_a_sequence_classifier_that_plugs_in_as_judge(tmp_path, tiny_model_dir, lora):
     cfg = RMConfig(model={"name": str(tiny_model_dir), "lora": {"enabled": lora, "r": 4, "alpha": 8}},
-                   data={"train": [str(_pair_file(tmp_path))], "eval_fraction": 0.25}, epochs=3, batch_size=4,
+                   data={"train": [str(_pair_file(tmp_path))], "eval_fraction": 0.25}, train={"epochs": 3, "batch_size": 4},
                    optim={"lr": 3e-3 if not lora else 1e-2, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rm"})
     s = run(cfg)
     assert s["train_pairs"] == 9 and s["eval_pairs"] == 3 and s["steps"] == 9
+    assert s["final_model"] == str(tmp_path / "rm" / "final")
     ev = s["eval"]
     assert ev["n"] == 3 and 0 <= ev["ece"] <= 1 and ev["margin"]["label_implied_mean"] == pytest.approx(logit(0.8))
     assert ev["loss"] < s["eval_before"]["loss"]  # learned something on held-out pairs of the same kind
+    rows = [json.loads(x) for x in open(tmp_path / "rm" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 10))
+    assert {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "learning_rate",
+            "grad_norm"} <= set(rows[0])
+    assert rows[0]["rewards/margins"] == pytest.approx(rows[0]["rewards/chosen"] - rows[0]["rewards/rejected"], abs=1e-5)
     from transformers import AutoModelForSequenceClassification
 
-    m = AutoModelForSequenceClassification.from_pretrained(s["model_dir"])
+    m = AutoModelForSequenceClassification.from_pretrained(s["final_model"])
     assert m.config.num_labels == 1
     from pofe.judges.registry import JudgeConfig, build_judge
 
-    j = build_judge(JudgeConfig(kind="reward-model", reward_model=s["model_dir"]))
+    j = build_judge(JudgeConfig(kind="reward-model", reward_model=s["final_model"]))
     v = j.judge(["Question 1?"], ["Short."], ["A long and rambling answer " * 3])[0]
     assert v.p > 0.5 and v.consistent  # sigma(r_A - r_B) with the preference it was trained on
 
 
 def test_hard_label_mode_thresholds(tmp_path, tiny_model_dir):
     cfg = RMConfig(model={"name": str(tiny_model_dir)}, data={"train": [str(_pair_file(tmp_path, 4))], "labels": "hard",
-                   "eval_fraction": 0.0}, epochs=1, batch_size=4, run={"output_dir": str(tmp_path), "name": "rm"})
+                   "eval_fraction": 0.0}, train={"epochs": 1, "batch_size": 4}, run={"output_dir": str(tmp_path), "name": "rm"})
     s = run(cfg)
     assert s["labels"] == "hard" and s["eval"] is None and s["steps"] == 1
 
 
+def test_conversational_pairs_keep_system_message_and_turns(tokenizer):
+    from pofe.training.reward_model import pair_prompt, rm_text
+
+    msgs = ({"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a fruit."})
+    q = PreferencePair(prompt="transcript", chosen="Apple.", rejected="Rock.", messages=msgs)
+    text = rm_text(tokenizer, pair_prompt(q), q.chosen)
+    assert all(m["content"] in text for m in msgs) and text.rstrip().endswith(("Apple.", "Apple.<|im_end|>"))
+    assert "transcript" not in text
+    assert rm_text(tokenizer, "Name a fruit.", "Apple.") == rm_text(tokenizer, [{"role": "user", "content": "Name a fruit."}], "Apple.")
+
+
+def test_batch_schedule_epochs_steps_and_determinism():
+    s = batch_schedule(5, 2, 2, seed=3)
+    assert len(s) == 6 and sorted(i for b in s[:3] for i in b) == [0, 1, 2, 3, 4]  # each epoch covers every pair once
+    assert s == batch_schedule(5, 2, 2, seed=3) and s[:4] == batch_schedule(5, 2, 2, seed=3, steps=4)
+
+
+class Crash(Exception):
+    pass
+
+
+def _rm_cfg(tmp_path, tiny_model_dir, name):
+    return RMConfig(model={"name": str(tiny_model_dir)}, data={"train": [str(_pair_file(tmp_path, 10))], "eval_fraction": 0.2},
+                    train={"epochs": 2, "batch_size": 3}, checkpoint={"every": 2}, optim={"lr": 3e-3, "warmup_steps": 0},
+                    run={"output_dir": str(tmp_path), "name": name})
+
+
+def test_crash_mid_run_then_resume_is_exact(tmp_path, tiny_model_dir, monkeypatch):
+    """``rm --resume`` (it had none): a crash in step 4 after the step-2 checkpoint and step 3's
+    metrics row; the resumed run drops step 3's row, redoes 3-6 and ends with the metrics and
+    weights of an uninterrupted run."""
+    import pofe.loops.rm as rm_mod
+
+    ref = run(_rm_cfg(tmp_path, tiny_model_dir, "ref"))
+    assert ref["steps"] == 6  # 8 train pairs / 3 per step = 3 steps x 2 epochs
+    real = rm_mod.rm_step
+    calls = {"n": 0}
+
+    def crashing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise Crash("injected fault")
+        return real(*a, **k)
+
+    monkeypatch.setattr(rm_mod, "rm_step", crashing)
+    cfg = _rm_cfg(tmp_path, tiny_model_dir, "crash")
+    with pytest.raises(Crash):
+        run(cfg)
+    d = tmp_path / "crash"
+    assert [json.loads(x)["step"] for x in open(d / "metrics.jsonl")] == [1, 2, 3]
+    monkeypatch.setattr(rm_mod, "rm_step", real)
+    s = run(cfg, resume=d)
+    assert s["resumed_from"] == 2 and s["steps_run"] == 4 and s["steps"] == 6
+    rows = [json.loads(x) for x in open(d / "metrics.jsonl")]
+    want = [json.loads(x) for x in open(tmp_path / "ref" / "metrics.jsonl")]
+
+    def strip(r):
+        return {k: v for k, v in r.items() if k != "seconds"}
+
+    assert [strip(r) for r in rows] == [strip(r) for r in want]
+    assert s["eval"] == ref["eval"] and s["eval_before"] == ref["eval_before"]
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(d / "final" / "model.safetensors")), load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_needs_an_existing_run_folder(tmp_path, tiny_model_dir):
+    with pytest.raises(RunError, match="no config.yaml"):
+        run(_rm_cfg(tmp_path, tiny_model_dir, "x"), resume=tmp_path / "typo")
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("bad", ["train.batch_size=0", "train.epochs=0", "train.steps=0", "max_length=0",
+                                 "data.eval_fraction=1.0", "data.max_pairs_per_source=0", "calibration_bins=0",
+                                 "loss=hinge"])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(bad):
+    import re
+
+    from pofe.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
+        load_config(RMConfig, None, [bad])
+
+
 def test_hh_rlhf_pairs_load(shared_data):
-    from pofe.loops.rlaif_data import load_pairs
+    from pofe.data.preferences import load_pairs
 
     pairs = load_pairs("hh-rlhf:helpful", limit=5)
     assert len(pairs) == 5 and all(q.p == 1.0 and q.chosen != q.rejected for q in pairs)
+
+
+@pytest.mark.slow
+def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_model_dir):
+    """A real SIGKILL of ``pofe rm`` (no cleanup at all) after 3 of 15 steps, then ``pofe rm
+    --resume RUN_DIR``: the folder ends exactly as an uninterrupted run's."""
+    from _resume_utils import kill_resume_compare
+
+    pairs = _pair_file(tmp_path, 10)
+
+    def argv(name):
+        return ["rm", "--train", str(pairs), "--model", str(tiny_model_dir), "--output-dir", str(tmp_path), "--name", name,
+                "--epochs", "3", "--set", "train.batch_size=2", "--set", "checkpoint.every=1", "--set", "optim.lr=3e-3",
+                "--set", "log.progress=false", "--set", "log.tensorboard=false"]
+
+    # 9 train pairs (one held out) -> 5 steps per epoch x 3 epochs
+    s = kill_resume_compare(argv, tmp_path, kill_after_rows=3, total_steps=15)
+    assert s["resumed_from"] >= 2

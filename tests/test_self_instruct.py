@@ -11,6 +11,8 @@ from pofe.generation.self_instruct import (
     build_fewshot_prompt,
     extract_instructions,
     generate_prompts,
+    completion_fn,
+    is_preamble,
     sample_examples,
 )
 
@@ -118,8 +120,8 @@ def test_generate_prompts_counts_everything():
     assert kept == ["Write a haiku about autumn leaves falling.", "Describe how tides work on Earth."]
     assert calls == [(2, 0.6, 0.9)] * 3
     assert stats["generations"] == 6 and stats["no_task"] == 1 and stats["candidates"] == 6
-    assert stats["rejected"] == {"empty": 0, "too_short": 1, "too_long": 0, "format": 0, "blocklist": 1,
-                                 "duplicate": 0, "rouge": 2}
+    assert stats["rejected"] == {"empty": 0, "preamble": 0, "too_short": 1, "too_long": 0, "format": 0,
+                                 "blocklist": 1, "duplicate": 0, "rouge": 2}
     assert stats["candidates"] == stats["kept"] + sum(stats["rejected"].values()) + stats["surplus"]
 
 
@@ -131,3 +133,68 @@ def test_generate_prompts_stops_at_target():
     cfg = SelfInstructConfig(num_prompts=1, sampling={"batch_size": 1})
     kept, stats = generate_prompts(fake, ["Tell me a joke about cats."], cfg)
     assert kept == ["Explain what a leap year is."] and stats["surplus"] == 1 and stats["generations"] == 1
+
+
+def test_preambles_are_filtered_not_kept():
+    """Issue 10 point 6: with the chat template SmolLM2-Instruct answered the list, and 3 of 3
+    kept prompts were "Sure, here are the tasks:" lead-ins."""
+    for text in ("Sure, here are the tasks:", "Here are some more tasks for you:", "Certainly! Below are 5 new tasks",
+                 "Okay, I will write three new instructions.", "A list of new tasks follows:",
+                 "Here's a new task: write a poem"):
+        assert is_preamble(text), text
+    for text in ("Translate the following sentence into French:", "Write a poem about the sea.",
+                 "Summarise the plot of Hamlet in three sentences.", "Here and there: describe a city at dawn",
+                 "Explain why the sky is blue to a child"):
+        assert not is_preamble(text), text
+    filt = InstructionFilter(SelfInstructConfig(), [])
+    assert filt.check("Sure, here are the tasks:") == "preamble"
+    outputs = iter(["Sure, here are the tasks:", "Write a haiku about autumn leaves falling."])
+    kept, stats = generate_prompts(lambda ps, s, seed: [next(outputs) for _ in ps], ["Tell me a joke about cats."],
+                                   SelfInstructConfig(num_prompts=2, max_generations=2, sampling={"batch_size": 1}))
+    assert kept == ["Write a haiku about autumn leaves falling."] and stats["rejected"]["preamble"] == 1
+
+
+def test_generated_shots_come_only_from_earlier_iterations():
+    """Issue 10 point 6: the 2 "generated" demonstrations are drawn from the earlier
+    iterations' pool; prompts kept earlier in this very call are never shown back."""
+    seen = []
+    fresh = iter(f"Task 9: Describe fresh topic number {w} in detail." for w in
+                 ("one", "two", "three", "four", "five", "six", "seven", "eight"))
+
+    def fake(prompts, sampling, seed):
+        seen.extend(prompts)
+        return [next(fresh) for _ in prompts]
+
+    machine = ["Earlier generated task about tides.", "Earlier generated task about volcanoes."]
+    seeds = [f"Seed task number {w} about cooking." for w in ("one", "two", "three", "four", "five", "six")]
+    cfg = SelfInstructConfig(num_prompts=4, max_generations=4, rouge_threshold=1.0, sampling={"batch_size": 1})
+    kept, _ = generate_prompts(fake, seeds, cfg, machine=machine, seed=3)
+    assert len(kept) == 4 and len(seen) == 4
+    for p in seen:
+        shots = [line.split(": ", 1)[1] for line in p.splitlines() if line.startswith("Task ") and ": " in line]
+        assert len(shots) == 8 and sum(s in machine for s in shots) == 2 and not set(shots) & set(kept)
+    # with no earlier iterations, all 8 come from the seeds (6 seeds here: all of them)
+    seen.clear()
+    fresh = iter(f"Task 9: Explain brand new idea {w} clearly." for w in ("a", "b", "c"))
+    generate_prompts(fake, seeds, SelfInstructConfig(num_prompts=3, max_generations=3, sampling={"batch_size": 1}))
+    for p in seen:
+        shots = [line.split(": ", 1)[1] for line in p.splitlines() if line.startswith("Task ") and ": " in line]
+        assert set(shots) <= set(seeds)
+
+
+def test_completion_fn_sends_a_raw_prompt_not_the_chat_template(tokenizer, tiny_model):
+    """The few-shot list reaches the model as written (no system prompt, no user turn)."""
+    import torch
+
+    from pofe.generation import SamplingConfig, generate
+
+    text = build_fewshot_prompt(["Write a poem about the sea.", "Name three rivers in Africa."])
+    [[c]] = generate(tiny_model, tokenizer, [text], n=1, sampling=SamplingConfig(max_new_tokens=2, temperature=0.0),
+                     chat_template=False)
+    assert list(c.prompt_token_ids) == tokenizer(text)["input_ids"]
+    assert "<|im_start|>" not in tokenizer.decode(c.prompt_token_ids)
+    [[templated]] = generate(tiny_model, tokenizer, [text], n=1, sampling=SamplingConfig(max_new_tokens=2, temperature=0.0))
+    assert "<|im_start|>" in tokenizer.decode(templated.prompt_token_ids)  # the default (chat) path differs
+    torch.manual_seed(0)
+    out = completion_fn(tiny_model, tokenizer)([text], SelfInstructConfig().sampling, 0)
+    assert len(out) == 1 and isinstance(out[0], str)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pofe.loops.self_reward import SelfRewardConfig, compact, run
+from pofe.cli.self_reward import compact
+from pofe.loops.self_reward import SelfRewardConfig, run
 from pofe.runs import read_jsonl
 
 EXPECTED_RUBRIC = Path(__file__).resolve().parents[1] / "examples" / "templates" / "rubric-expected-score.yaml"
@@ -71,14 +72,15 @@ def test_self_reward_embedded_two_iterations(tmp_path):
     cfg = SelfRewardConfig.model_validate({
         "iterations": 2,
         "model": {"lora": {"enabled": True, "r": 4, "alpha": 8}},
-        "seed_sft": {"enabled": True, "ift": [str(ift)], "eft": False, "max_steps": 1, "batch_size": 4,
+        "seed_sft": {"enabled": True, "ift": [str(ift)], "eft": False,
+                     "train": {"steps": 1, "batch_size": 4, "grad_accum": 1},
                      "optim": {"lr": 1e-4, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.2}},
         "eft": {"ranked": str(ranked), "eval_fraction": 1.0},
         "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 8},
         "self_instruct": {"num_prompts": 2, "max_generations": 4, "min_words": 3,
                           "sampling": {"max_new_tokens": 32, "temperature": 0.6, "top_p": 0.9, "batch_size": 4}},
         "candidates": {"n": 3, "chunk": 8, "sampling": {"max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9}},
-        "dpo": {"max_steps": 1, "batch_size": 2, "grad_accum": 1,
+        "dpo": {"steps": 1, "batch_size": 2, "grad_accum": 1,
                 "optim": {"lr": 1e-4, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
         # checkpoint selection is exercised on the tiny model (test_resume_mid_scoring_and_mid_dpo)
         "selection": {"enabled": False},
@@ -101,13 +103,15 @@ def test_self_reward_embedded_two_iterations(tmp_path):
     assert m2["pairs"]["prompts"] == p["kept"]
     assert m2["pairs"]["kept"] + m2["pairs"]["tie"] + m2["pairs"]["fewer_than_2_scored"] + \
         m2["pairs"]["identical_text"] == m2["pairs"]["prompts"]
-    if m2["pairs"]["kept"]:
-        assert m2["dpo"]["steps"] == 1 and m2["selected_step"] == 1
+    # seeded: SmolLM2's expected rubric scores of its candidates differ, so pairs are kept
+    # and M2 really is a DPO step away from M1 (not a copy of it)
+    assert m2["pairs"]["kept"] >= 1, m2["pairs"]
+    assert m2["dpo"]["steps"] == 1 and m2["selected_step"] == 1
     assert m2["head_to_head_vs_prev"]["n"] + m2["head_to_head_vs_prev"]["dropped_unparsed"] == 2
     rows = compact(s)
     assert [r["iteration"] for r in rows] == [1, 2] and rows[1]["rm_metrics"]["n_pairs"] == 4
     # Resuming a finished run redoes nothing and reports the same numbers.
-    again = run(cfg.model_copy(update={"resume": str(root)}))
+    again = run(cfg, resume=root)
     assert [m["iteration"] for m in again["iterations"]] == [1, 2]
     assert again["iterations"][1]["eval_mean_score"] == m2["eval_mean_score"]
 
@@ -127,7 +131,7 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
         "judge": {"kind": "length"},
         "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
         "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
-        "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "max_steps": 4},
+        "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 4},
         "selection": {"num_checkpoints": 2, "num_prompts": 2},
         "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
         "run": {"output_dir": str(tmp_path / "runs"), "name": "r"},
@@ -159,12 +163,12 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(online, "prune_checkpoints", crash_after_checkpoint)  # right after step-2 is saved
     with pytest.raises(Crash):
-        run(cfg.model_copy(update={"resume": str(root)}))
+        run(cfg, resume=root)
     rows = read_jsonl(cand)
     assert [r["index"] for r in rows] == [0, 1, 2, 3] and rows[:2] == first  # chunk 1 kept, not redone
     assert (root / "iter_2" / "dpo" / "checkpoints" / "step-2").is_dir()
     monkeypatch.undo()
-    s = run(cfg.model_copy(update={"resume": str(root)}))
+    s = run(cfg, resume=root)
     m2 = s["iterations"][1]
     assert m2["dpo"]["resumed_from"] == 2 and m2["dpo"]["steps"] == 4
     assert (root / "iter_2" / "model" / "config.json").exists() and m2["selected_step"] in (2, 4)
@@ -183,7 +187,7 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
                               for i in range(4)))
     cfg = SelfRewardConfig.model_validate({
         "model": {"name": str(tiny_model_dir)}, "iterations": 1,
-        "seed_sft": {"enabled": True, "ift": [str(ift)], "max_steps": 1, "batch_size": 2},
+        "seed_sft": {"enabled": True, "ift": [str(ift)], "train": {"steps": 1, "batch_size": 2, "grad_accum": 1}},
         "eft": {"ranked": str(ranked), "eval_fraction": 0.5},
         "judge": {"kind": "rubric", "template": "rubric", "rubric": {"samples": 1, "max_new_tokens": 6}},
         "evaluation": {"num_prompts": 1, "sampling": {"max_new_tokens": 4}},
@@ -191,10 +195,53 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
     })
     s = run(cfg)
     it = Path(s["run_dir"]) / "iter_1"
-    assert (it / "sft_baseline" / "model" / "config.json").exists() and (it / "model" / "config.json").exists()
+    assert (it / "sft_baseline" / "final" / "config.json").exists() and (it / "model" / "config.json").exists()
     stats = json.loads((it / "data" / "eft_stats.json").read_text())
     assert stats["groups"] == 2 and stats["groups_unscored"] == 2 and stats["examples"] == 0
     assert len(read_jsonl(it / "data" / "rm_eval.jsonl")) == 2
     m1 = s["iterations"][0]
     assert m1["eft"]["groups"] == 2 and m1["sft"]["data"] == {"ift": 4, "eft": 0, "eft_capped": 0}
     assert m1["rm_metrics"]["n_unscored_responses"] == 4 and m1["rm_metrics"]["pairwise_accuracy"] is None
+
+
+def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
+    """Issue 14 point 1: ``pofe self-reward --resume RUN`` without --config overwrote the run's
+    config.yaml with defaults and carried on with a different judge (one candidates.jsonl
+    held rows from two judges). The run's own config is the truth; options are refused."""
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    cfg = {"model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
+           "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+           "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+           "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 1},
+           "selection": {"enabled": False}, "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+           "log": {"progress": False, "tensorboard": False},
+           "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"}}
+    path = tmp_path / "sr.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    first = CliRunner().invoke(app, ["self-reward", "--config", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    root = tmp_path / "runs" / "sr"
+    saved = (root / "config.yaml").read_text()
+    assert (root / "final" / "config.json").exists()  # final/ = M_T
+    # a crash after the candidates of iteration 2: nothing after them exists yet
+    for p in ("iter_2/metrics.json", "iter_2/model", "iter_2/dpo", "iter_2/eval_responses.jsonl", "summary.json",
+              "final"):
+        q = root / p
+        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink()
+    r = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--json"])
+    assert r.exit_code == 0, r.output
+    assert (root / "config.yaml").read_text() == saved
+    assert {row["judge_id"] for row in read_jsonl(root / "iter_2" / "data" / "candidates.jsonl")} == {"length:shorter:chars"}
+    assert [row["step"] for row in read_jsonl(root / "metrics.jsonl")] == [1, 2]  # no duplicated rows
+    assert (root / "final" / "config.json").exists()
+    r2 = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--iterations", "3"])
+    assert r2.exit_code == 2 and "refused" in r2.output

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pofe.data.eft import RankedPrompt, agrees, build_eft, load_ranked, rebalance, split_ranked
-from pofe.loops.self_reward import ScoresAsPairwise, build_pair, build_pairs, head_to_head, rm_eval
+from pofe.data.aift import build_pair, build_pairs
+from pofe.evaluation.self_reward import ScoresAsPairwise, head_to_head, rm_eval
 from pofe.records import Judgment, Score
 
 
@@ -211,3 +212,58 @@ def test_cli_require_audit_refuses_a_failed_or_missing_report(tmp_path):
                                "checks": {"position_consistency": {"value": 0.01, "threshold": ">= 0.8", "passed": False}}}))
     r = runner.invoke(app, ["self-reward", "--require-audit", str(bad)])
     assert r.exit_code == 2 and "position_consistency" in r.output
+
+
+@pytest.mark.parametrize("key,value", [("iterations", "0"), ("dpo.beta", "-0.1"), ("dpo.beta", "0"),
+                                       ("dpo.batch_size", "0"), ("dpo.grad_accum", "0"), ("dpo.steps", "0"),
+                                       ("candidates.n", "1"), ("candidates.chunk", "0"),
+                                       ("selection.num_checkpoints", "0"), ("evaluation.num_prompts", "-1"),
+                                       ("seed_sft.train.steps", "0"), ("prompts.per_iteration", "0")])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(key, value):
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.self_reward import SelfRewardConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(SelfRewardConfig, None, [f"{key}={value}"])
+    assert key in str(e.value)
+
+
+def test_example_config_validates():
+    from pathlib import Path
+
+    from pofe.config import load_config
+    from pofe.loops.self_reward import SelfRewardConfig
+
+    cfg = load_config(SelfRewardConfig, Path(__file__).resolve().parents[1] / "examples" / "self-reward-tiny.yaml")
+    assert cfg.iterations == 2 and cfg.candidates.n == 4 and cfg.log.progress
+
+
+def test_iteration_metrics_row_is_flat_and_steps_by_iteration():
+    from pofe.training.metrics import iteration_row
+
+    m = {"iteration": 2, "mean_score": 3.5, "pairs": {"kept": 7, "tie": 1}, "eval_mean_score": None,
+         "head_to_head_vs_prev": {"win_rate_adjusted": 0.625}, "dpo": {"loss_last": 0.61}}
+    assert iteration_row(m) == {"step": 2, "iteration": 2, "mean_score": 3.5, "pairs_kept": 7,
+                                "winrate_vs_prev": 0.625, "loss": 0.61}
+
+
+def test_pick_checkpoint_best_tie_adjusted_rate_ties_to_the_later():
+    from pofe.evaluation.self_reward import pick_checkpoint
+
+    judge = FakeScorer({"good": 5, "bad": 1, "ok": 3})
+    prev = ["ok", "ok"]
+    # option a: 1 win 1 loss (0.5); b: 2 wins (1.0); c: 2 wins (1.0, later -> chosen)
+    responses = {"a": ["good", "bad"], "b": ["good", "good"], "c": ["good", "good"]}
+    best, results = pick_checkpoint(["a", "b", "c"], lambda o: responses[o], judge, ["x", "y"], prev)
+    assert best == 2 and [r["win_rate_adjusted"] for r in results] == [0.5, 1.0, 1.0]
+    assert [r["wins"] for r in results] == [1, 2, 2] and results[0]["losses"] == 1
+
+
+def test_score_stats_counts_unscored_and_margins():
+    from pofe.data.aift import score_stats
+
+    rows = [{"scores": [4.0, None, 2.0]}, {"scores": [None, None]}]
+    pairs = [{"chosen_score": 4.0, "rejected_score": 2.0}]
+    assert score_stats(rows, pairs) == {"candidates": 5, "unscored_candidates": 3, "mean_score": 3.0,
+                                        "pair_margin_mean": 2.0}
+    assert score_stats([], [])["mean_score"] is None

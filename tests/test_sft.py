@@ -34,8 +34,9 @@ EXAMPLES = [
 
 def _cfg(tmp_path, **kw):
     base = dict(optim={"lr": 1e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1},
-                batch_size=2, micro_batch_size=1, max_steps=6, log_every=1, checkpoint_every=0,
-                run={"output_dir": str(tmp_path)})
+                train={"batch_size": 1, "grad_accum": 2, "steps": kw.pop("steps", 6)},
+                checkpoint={"every": kw.pop("checkpoint_every", 0)},
+                log={"progress": False, "tensorboard": False}, run={"output_dir": str(tmp_path)})
     base.update(kw)
     return SFTConfig.model_validate(base)
 
@@ -67,15 +68,15 @@ def test_batch_indices_are_epoch_permutations():
 
 
 def test_sft_trains_with_cosine_schedule(tmp_path, tokenizer, tiny_model):
-    cfg = _cfg(tmp_path, max_steps=8)
+    cfg = _cfg(tmp_path, steps=8)
     out = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES * 2)
     assert out["loss_last"] < out["loss_first"]
     rows = read_jsonl(f"{out['run_dir']}/metrics.jsonl")
-    lrs = [r["lr"] for r in rows]
+    lrs = [r["learning_rate"] for r in rows]
     # lr at step s (0-based): 1e-2 * (0.1 + 0.9 * 0.5 * (1 + cos(pi * s / 8)))
     expect = [1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 8))) for s in range(8)]
     assert lrs == pytest.approx(expect)
-    assert (tmp_path / out["run_dir"].split("/")[-1] / "model" / "config.json").exists()
+    assert (tmp_path / out["run_dir"].split("/")[-1] / "final" / "config.json").exists()
     assert json.loads((tmp_path / out["run_dir"].split("/")[-1] / "summary.json").read_text())["steps"] == 8
 
 
@@ -103,8 +104,8 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     from safetensors.torch import load_file
 
-    a = load_file(f"{ref['model_dir']}/model.safetensors")
-    b = load_file(f"{out['model_dir']}/model.safetensors")
+    a = load_file(f"{ref['final_model']}/model.safetensors")
+    b = load_file(f"{out['final_model']}/model.safetensors")
     assert set(a) == set(b)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
@@ -115,10 +116,10 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
 
 @pytest.mark.slow
 def test_sft_lora_only_trains_adapter(tmp_path, tokenizer, tiny_model):
-    cfg = _cfg(tmp_path, model={"lora": {"enabled": True, "r": 4, "alpha": 8}}, max_steps=3)
+    cfg = _cfg(tmp_path, model={"lora": {"enabled": True, "r": 4, "alpha": 8}}, steps=3)
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     out = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES)
-    assert (tmp_path / out["run_dir"].split("/")[-1] / "model" / "adapter").is_dir()
+    assert (tmp_path / out["run_dir"].split("/")[-1] / "final" / "adapter").is_dir()
     base_names = [k for k in before if "embed" in k]
     assert base_names  # the base embedding was frozen under LoRA
     sd = tiny_model.get_base_model().state_dict() if hasattr(tiny_model, "get_base_model") else tiny_model.state_dict()
@@ -153,10 +154,71 @@ def test_cli_sft(tmp_path, tiny_model_dir):
 
     ift = tmp_path / "ift.jsonl"
     ift.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": f"Answer {i}."}) + "\n" for i in range(4)))
-    r = CliRunner().invoke(app, ["sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--max-steps", "2",
-                                 "--output-dir", str(tmp_path / "runs"), "--set", "batch_size=2", "--json"])
+    r = CliRunner().invoke(app, ["sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--steps", "2",
+                                 "--output-dir", str(tmp_path / "runs"), "--set", "train.batch_size=2",
+                                 "--set", "train.grad_accum=1", "--set", "log.progress=false", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
-    assert out["steps"] == 2 and out["examples"] == 4
+    assert out["steps"] == 2 and out["examples"] == 4 and out["examples_per_step"] == 2
+    assert (tmp_path / "runs" / out["run_dir"].split("/")[-1] / "final" / "config.json").exists()
+
+
+def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
+    """Issue 14 point 1: ``pofe sft --resume RUN`` without --config overwrote the run's
+    config.yaml with defaults (then failed: no data). The run's own config is the truth."""
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": f"Answer {i}."}) + "\n" for i in range(4)))
+    args = ["sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--steps", "3", "--output-dir",
+            str(tmp_path / "runs"), "--set", "train.batch_size=2", "--set", "train.grad_accum=1",
+            "--set", "checkpoint.every=1", "--set", "log.progress=false", "--json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    run_dir = tmp_path / "runs" / json.loads(first.stdout[first.stdout.index("{"):])["run_dir"].split("/")[-1]
+    saved = (run_dir / "config.yaml").read_text()
+    # simulate a crash after step 2: the final model and summary are not there yet
+    import shutil
+
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "summary.json").unlink()
+    from pofe.training import save_checkpoint
+
+    model, _ = __import__("pofe.models", fromlist=["load_model"]).load_model(str(tiny_model_dir))
+    save_checkpoint(run_dir / "checkpoints" / "step-2", model=model, step=2)
+    r = CliRunner().invoke(app, ["sft", "--resume", str(run_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert (run_dir / "config.yaml").read_text() == saved
+    assert out["resumed_from_step"] == 2 and out["steps"] == 3 and out["examples"] == 4
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert (run_dir / "final" / "config.json").exists()
+    # settings cannot change on resume: exit 2 naming the refused option
+    r2 = CliRunner().invoke(app, ["sft", "--resume", str(run_dir), "--steps", "5"])
+    assert r2.exit_code == 2 and "refused" in r2.output
     bad = CliRunner().invoke(app, ["sft", "--set", "optim.lrr=1"])
     assert bad.exit_code == 2 and "optim.lrr" in bad.output
+
+
+@pytest.mark.parametrize("key,value", [("train.steps", "0"), ("train.batch_size", "0"), ("train.grad_accum", "0"),
+                                       ("train.epochs", "0"), ("data.max_length", "0"), ("checkpoint.every", "-1"),
+                                       ("data.limit", "0")])
+def test_nonsense_hyperparameters_are_refused_at_parse_time(key, value):
+    from pofe.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(SFTConfig, None, [f"{key}={value}"])
+    assert key in str(e.value)
+
+
+def test_example_configs_validate():
+    from pathlib import Path
+
+    from pofe.config import load_config
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    for name in ("sft-ift.yaml", "sft-ift-eft.yaml"):
+        cfg = load_config(SFTConfig, root / name)
+        assert cfg.train.batch_size * cfg.train.grad_accum == 16  # the paper's batch

@@ -98,12 +98,12 @@ def test_checkpoint_roundtrip_is_exact(tmp_path, tokenizer):
 
 
 def test_checkpoint_write_is_atomic(tmp_path, tiny_model, monkeypatch):
-    import pofe.training as T
+    import safetensors.torch
 
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(T.torch, "save", boom)
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
     with pytest.raises(OSError):
         save_checkpoint(tmp_path / "checkpoints" / "step-3", model=tiny_model, step=3)
     assert list((tmp_path / "checkpoints").iterdir()) == []  # nothing half-written

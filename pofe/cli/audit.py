@@ -13,12 +13,16 @@ from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_jso
 def register(app: typer.Typer) -> None:
     from pofe.evaluation.audit import AuditConfig
 
-    @app.command(help="Validate a judge on human-labelled pairs (pofe JSONL, HH-RLHF, LLMBar): agreement, position "
+    @app.command(help="Validate a judge on human-labelled pairs (pofe JSONL, `pofe annotate` output, HH-RLHF, "
+                      "LLMBar): agreement, position "
                       "consistency, first-position win rate, length bias, p histogram, parse failures, contrast "
                       "pairs. Exit status 1 when a threshold check fails; --output writes the report that "
                       "`--require-audit` reads.")
     def audit(
-        calibration: Optional[list[str]] = typer.Argument(None, help="Calibration files or folders."),
+        paths: Optional[list[str]] = typer.Argument(None, metavar="[CALIBRATION]...", help="Calibration files or folders."),
+        calibration: Optional[list[str]] = typer.Option(
+            None, "--calibration", help="A calibration file or folder, e.g. a `pofe annotate` output (repeatable; "
+                                        "the same as giving it as an argument)."),
         judge: Optional[str] = typer.Option(None, "--judge", help="Judge kind (see pofe.judges.registry.JUDGES)."),
         limit: Optional[int] = typer.Option(None, help="Seeded random subset of N items per file."),
         contrast_limit: Optional[int] = typer.Option(None, help="Items each contrast kind is built from (50)."),
@@ -29,7 +33,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         cfg = resolve_config(AuditConfig, config, set_, {
-            "calibration": calibration or None, "judge.kind": judge, "limit": limit,
+            "calibration": [*(paths or []), *(calibration or [])] or None, "judge.kind": judge, "limit": limit,
             "contrast_limit": contrast_limit, "output": output}, print_config)
         from pofe.evaluation.audit import audit_from_config, format_audit
 

@@ -18,22 +18,28 @@ from pofe.cli.common import (
     fail,
     resolve_config,
 )
+from pydantic import Field
+
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
-from pofe.models import DEFAULT_MODEL
+from pofe.training import ModelConfig
 
 
 class RefusalEvalConfig(PofeConfig):
     """``pofe cai refusal``."""
 
-    model: str = DEFAULT_MODEL
-    trust_remote_code: bool = False
+    model: ModelConfig = ModelConfig()
+    """The model whose refusals are counted."""
     benign: str = "xstest:safe"
+    """Benign prompts (a refusal here is over-refusal)."""
     harmful: str = "xstest:unsafe"
-    n: int = 50
+    """Harmful prompts (a refusal here is wanted)."""
+    n: int = Field(50, ge=1)
     """Prompts per set."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.0)
+    """Greedy by default, so the rates do not depend on sampling luck."""
     seed: int = 0
+    """Sampling seed (when temperature > 0)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -49,6 +55,8 @@ def register(app: typer.Typer) -> None:
         constitution: Optional[str] = typer.Option(None, help="Constitution name or path (YAML, or HF JSON)."),
         rounds: Optional[int] = typer.Option(None, help="Critique-revision rounds (1-4)."),
         max_prompts: Optional[int] = typer.Option(None, "--max-prompts"),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder after its last complete "
+                                              "chunk (its saved config.yaml is used; --config/--set are refused)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
         set_: Optional[list[str]] = SetOpt,
@@ -56,13 +64,14 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.cai_revise import CaiReviseConfig, run
+        from pofe.runs import RunError
 
         cfg = resolve_config(CaiReviseConfig, config, set_, {
-            "model": model, "prompts": prompts, "constitution": constitution, "rounds": rounds,
-            "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config)
+            "model.name": model, "prompts": prompts, "constitution": constitution, "rounds": rounds,
+            "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume)
         try:
-            s = run(cfg)
-        except (ValueError, FileNotFoundError) as e:
+            s = run(cfg, resume=resume)
+        except (ValueError, FileNotFoundError, RunError) as e:
             fail(str(e))
         if json_out:
             emit_json(s)
@@ -70,6 +79,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"cai revise: {s['prompts']} prompts x {s['rounds']} round(s), constitution {s['constitution']} "
                    f"({s['constitution_version']}); {s['sft_examples']} SFT examples ({s['sft_helpful']} helpful), "
                    f"{s['preference_pairs']} revision>original pairs, {s['unchanged']} unchanged")
+        typer.echo(f"critique principles ({len(s['critique_principles'])}): {', '.join(s['critique_principles'])}")
         ref = s.get("refusal")
         if ref:
             for k in ("original", "revised"):
@@ -87,9 +97,9 @@ def register(app: typer.Typer) -> None:
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
-        cfg = resolve_config(RefusalEvalConfig, config, set_, {"model": model, "n": n}, print_config)
+        cfg = resolve_config(RefusalEvalConfig, config, set_, {"model.name": model, "n": n}, print_config)
+        from pofe.data.prompts import load_prompt_texts as load_prompts
         from pofe.evaluation.refusal import evaluate_refusal
-        from pofe.loops.rlaif_data import load_prompts
         from pofe.models import load_model
 
         try:
@@ -97,13 +107,13 @@ def register(app: typer.Typer) -> None:
             harmful = load_prompts(cfg.harmful, limit=cfg.n)
         except (ValueError, FileNotFoundError) as e:
             fail(str(e))
-        m, tok = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         rep = evaluate_refusal(m, tok, benign, harmful, sampling=cfg.sampling, seed=cfg.seed)
-        rep["model"] = cfg.model
+        rep["model"] = cfg.model.name
         if json_out:
             emit_json(rep)
         else:
-            typer.echo(f"{cfg.model}: over-refusal (benign) {_pct(rep['over_refusal_rate'])}, "
+            typer.echo(f"{cfg.model.name}: over-refusal (benign) {_pct(rep['over_refusal_rate'])}, "
                        f"refusal on harmful {_pct(rep['harmful_refusal_rate'])}, gap {rep['gap']:+.3f}")
 
     app.add_typer(cai, name="cai")

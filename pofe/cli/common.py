@@ -51,7 +51,7 @@ def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str
     except ConfigError as e:
         fail(str(e))
     if print_config:
-        typer.echo(dump_config(cfg), nl=False)
+        typer.echo(dump_config(cfg, comments=True), nl=False)
         raise typer.Exit(0)
     return cfg
 

@@ -1,4 +1,5 @@
-"""``pofe eval``: win rates of policy A against policy B under a judge, both orders, length-controlled."""
+"""``pofe eval``: win rates of policy A against policy B under a judge, both orders, length-controlled;
+3+ policies give a win matrix and Bradley-Terry ratings; an MT-Bench question.jsonl gives two-turn evaluation."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("eval", help="Compare two policies (model names/paths, run folders or JSONL files of "
                               "{prompt, response}) on a prompt set: both-order judging, W/T/L, tie-adjusted win "
-                              "rate with a bootstrap 95% interval, win rate by length bucket, length-controlled win rate.")
+                              "rate with a Wilson 95% interval, win rate by length bucket, AlpacaEval-2 length-"
+                              "controlled win rate. Three or more policies: pairwise win matrix and Bradley-Terry "
+                              "ratings with intervals. A FastChat MT-Bench question.jsonl (--prompts) runs two turns.")
     def eval_(
-        policy_a: Optional[str] = typer.Argument(None, help="Policy A: model, run folder or responses file."),
-        policy_b: Optional[str] = typer.Argument(None, help="Policy B (baseline)."),
+        policies: Optional[list[str]] = typer.Argument(
+            None, help="Policies: model, run folder or responses file each. Two: A vs B (baseline); 3+: all pairs."),
         prompts: Optional[str] = typer.Option(None, "--prompts", "-p", help="Prompt file (.txt/.json/.jsonl)."),
         judge: Optional[str] = typer.Option(None, "--judge", help="Judge kind (see pofe.judges.registry.JUDGES)."),
         limit: Optional[int] = typer.Option(None, help="Only the first N prompts."),
@@ -28,8 +31,12 @@ def register(app: typer.Typer) -> None:
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
+        given = list(policies or [])
+        two = {"policy_a": given[0], "policy_b": given[1]} if len(given) == 2 else {}
+        if len(given) == 1:
+            fail("eval: give two policies (A and the baseline B), or three or more to compare")
         cfg = resolve_config(EvalConfig, config, set_, {
-            "policy_a": policy_a, "policy_b": policy_b, "prompts": prompts, "judge.kind": judge, "limit": limit,
+            **two, "policies": given if len(given) > 2 else None, "prompts": prompts, "judge.kind": judge, "limit": limit,
             "output": output}, print_config)
         from pofe.evaluation.eval import format_eval, run_eval
 

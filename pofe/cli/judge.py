@@ -1,6 +1,7 @@
 """``pofe judge``: label a file of (prompt, response_a, response_b) rows with any judge.
 
-Writes ``verdicts.jsonl`` (one verdict per row, with provenance) and ``summary.json`` into a
+Writes ``verdicts.jsonl`` (one verdict per row, with the prompt and responses it judged and
+its provenance) and ``summary.json`` into a
 run folder; ``--json`` prints the summary (n, mean_p, consistency_rate,
 first_position_win_rate, parse_failures, cache_hits, cache_misses, judge_tokens, seconds,
 model_calls). Pointwise kinds (rubric, expected-score) score ``response_a`` (or a
@@ -13,97 +14,115 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import Field
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    resolve_config,
+)
 from pofe.config import PofeConfig
 from pofe.judges.registry import JudgeConfig
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, write_config
 
 log = logging.getLogger(__name__)
 
 
 class JudgeCommandConfig(PofeConfig):
     input: str | None = None
-    """JSONL / JSON / CSV / Parquet file (anything ``datasets`` can load)."""
+    """Rows to label: any source the data layer reads (JSONL / JSON / CSV / Parquet / Arrow,
+    ``.gz``, a ``save_to_disk`` folder, a named source, a Hub id)."""
     output: str | None = None
-    """Verdicts file; default ``<run folder>/verdicts.jsonl``."""
+    """Verdicts file; default ``<run folder>/verdicts.jsonl``. Never the input file."""
     prompt_field: str = "prompt"
+    """A string, or chat messages (judged as their transcript, every turn kept)."""
     a_field: str = "response_a"
     b_field: str = "response_b"
     reference_field: str = "reference"
     """Optional column with a reference answer (reference-overlap judge)."""
-    limit: int | None = None
+    limit: Annotated[int, Field(ge=0)] | None = None
     """Label only the first N rows."""
-    chunk_size: int = 64
+    chunk_size: Annotated[int, Field(ge=1)] = 64
     """Rows per judge call (verdicts are written after each chunk)."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed input rows instead of stopping at the first one."""
     judge: JudgeConfig = JudgeConfig()
     run: RunConfig = RunConfig()
 
 
-def load_rows(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"input file not found: {p}")
-    if p.suffix == ".jsonl":
-        return read_jsonl(p)
-    if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        if isinstance(data, list):
-            return data
-    from datasets import load_dataset
+def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
+    """The rows to judge as ``{prompt, response_a[, response_b], reference, id}``, read by the
+    data layer; a missing field or a bad row is a located error (or, with ``skip_bad_rows``,
+    counted)."""
+    from pofe.data.io import DataError, read_located
+    from pofe.data.prompts import to_prompt
 
-    fmt = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".json": "json", ".gz": "json"}.get(p.suffix)
-    if fmt is None:
-        raise ValueError(f"cannot read {p}: use .jsonl, .json, .csv or .parquet")
-    kw = {"delimiter": "\t"} if p.suffix == ".tsv" else {}
-    return list(load_dataset(fmt, data_files=str(p), split="train", **kw))
+    def to_row(r: dict[str, Any], where: str) -> dict[str, Any]:
+        a_field = cfg.a_field if (cfg.a_field in r or not pointwise) else "response"
+        need = [a_field] + ([] if pointwise else [cfg.b_field])
+        missing = [k for k in [cfg.prompt_field, *need] if k not in r]
+        if missing:
+            raise DataError(f"{where}: missing field(s) {missing} (fields: {sorted(r)}); "
+                            "set --set prompt_field=... / a_field=... / b_field=...")
+        for k in need:
+            if not isinstance(r[k], str):
+                raise DataError(f"{where}: {k!r} must be a string, got {type(r[k]).__name__}")
+        row = {"prompt": to_prompt(r, where, cfg.prompt_field).text, "response_a": r[a_field],
+               "reference": r.get(cfg.reference_field) if isinstance(r.get(cfg.reference_field), str) else None}
+        if not pointwise:
+            row["response_b"] = r[cfg.b_field]
+        if "id" in r:
+            row["id"] = r["id"]
+        return row
+
+    rows = read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows).map(to_row, limit=cfg.limit)
+    if not rows and cfg.limit != 0:  # judging nothing is never a silent success
+        raise DataError(f"{cfg.input}: no rows to judge")
+    return rows
 
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:
     """Setup -> label in chunks -> save. Returns the summary."""
+    from pofe.data.io import check_output
     from pofe.judges import build_judge, summarize_judgments, summarize_scores
     from pofe.judges.registry import POINTWISE_KINDS
 
     if not cfg.input:
         raise ValueError("no input file: pofe judge FILE")
-    rows = load_rows(cfg.input)
-    if cfg.limit is not None:
-        rows = rows[: cfg.limit]
+    check_output(cfg.output, [cfg.input])
     pointwise = cfg.judge.kind in POINTWISE_KINDS
-    need = [cfg.prompt_field] + ([] if pointwise else [cfg.a_field, cfg.b_field])
-    for i, r in enumerate(rows):
-        missing = [k for k in need if k not in r]
-        if pointwise and cfg.a_field not in r and "response" not in r:
-            missing.append(f"{cfg.a_field} (or response)")
-        if missing:
-            raise ValueError(f"{cfg.input}: row {i + 1} lacks {missing}; set --set prompt_field=... etc.")
-    run_dir = new_run_dir(cfg.run, "judge")
+    rows = load_rows(cfg, pointwise)
+    run_dir = open_run(cfg.run, "judge")
     write_config(run_dir, cfg)
     out_path = Path(cfg.output) if cfg.output else run_dir / "verdicts.jsonl"
     if out_path.exists():
-        out_path.unlink()  # a verdicts file is one run's output, never appended to
+        out_path.unlink()  # a verdicts file is one run's output, never appended to (never an input: checked above)
     t0 = time.perf_counter()
     judge = build_judge(cfg.judge, **runtime)
     verdicts = []
     try:
         with JsonlWriter(out_path) as w:
-            for s in range(0, len(rows), max(1, cfg.chunk_size)):
+            for s in range(0, len(rows), cfg.chunk_size):
                 chunk = rows[s:s + cfg.chunk_size]
-                prompts = [str(r[cfg.prompt_field]) for r in chunk]
-                refs = [r.get(cfg.reference_field) for r in chunk]
+                prompts = [r["prompt"] for r in chunk]
+                refs = [r["reference"] for r in chunk]
                 if pointwise:
-                    ys = [str(r.get(cfg.a_field, r.get("response"))) for r in chunk]
-                    res = judge.score(prompts, ys, references=refs)
+                    res = judge.score(prompts, [r["response_a"] for r in chunk], references=refs)
                 else:
-                    res = judge.judge(prompts, [str(r[cfg.a_field]) for r in chunk], [str(r[cfg.b_field]) for r in chunk],
+                    res = judge.judge(prompts, [r["response_a"] for r in chunk], [r["response_b"] for r in chunk],
                                       references=refs)
                 for k, (r, v) in enumerate(zip(chunk, res)):
-                    row = {"index": s + k}
-                    if "id" in r:
-                        row["id"] = r["id"]
+                    # The judged texts travel with the verdict, so verdicts.jsonl is itself a
+                    # labelled pair file (pofe export, pofe online mode=offline read it).
+                    row = {"index": s + k, **({"id": r["id"]} if "id" in r else {}), "prompt": r["prompt"],
+                           "response_a": r["response_a"], **({"response_b": r["response_b"]} if not pointwise else {})}
                     w.write({**row, **v.to_dict()})
                 verdicts.extend(res)
                 log.info("judged %d/%d rows", min(s + len(chunk), len(rows)), len(rows))
@@ -133,6 +152,7 @@ def register(app: typer.Typer) -> None:
         template: Optional[str] = typer.Option(None, "--template", help="Template name or file."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N rows."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the judge cache."),
+        skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip (and count) malformed input rows."),
         config: Optional[Path] = ConfigOpt,
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
@@ -140,7 +160,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         extra = {"input": str(input) if input else None, "output": str(output) if output else None, "judge.kind": kind,
                  "judge.model": model, "judge.template": template, "limit": limit,
-                 "judge.cache.enabled": False if no_cache else None}
+                 "judge.cache.enabled": False if no_cache else None, "skip_bad_rows": True if skip_bad_rows else None}
         cfg = resolve_config(JudgeCommandConfig, config, set_, extra, print_config)
         from pofe.judges.backends import EndpointError
 

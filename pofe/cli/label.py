@@ -23,24 +23,32 @@ def register(app: typer.Typer) -> None:
                       "principle, both orders (RL-CAI); writes a soft-labelled preference set. Cached: re-labelling is free.")
     def label(
         config: Optional[Path] = ConfigOpt,
-        policy: Optional[str] = typer.Option(None, help="Model that samples the pair (default: embedded SmolLM2)."),
+        model: Optional[str] = typer.Option(None, help="Model that samples the pair (default: embedded SmolLM2)."),
         prompts: Optional[str] = typer.Option(None, help="Prompt source: file, advbench, xstest[:safe|:unsafe], hh-rlhf:harmless."),
         pairs: Optional[str] = typer.Option(None, help="Label existing pairs (jsonl prompt/response_a/response_b) instead of sampling."),
         max_prompts: Optional[int] = typer.Option(None, "--max-prompts"),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder after its last labelled pair "
+                                              "(its saved config.yaml is used; --config/--set are refused)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        require_audit: Optional[Path] = typer.Option(None, "--require-audit",
+                                                     help="Refuse to label unless this `pofe audit` report passed for this judge."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.label import LabelConfig, run
+        from pofe.runs import RunError
 
         cfg = resolve_config(LabelConfig, config, set_, {
-            "policy": policy, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
-            "run.output_dir": output_dir, "run.name": name}, print_config)
+            "model.name": model, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
+            "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume)
+        from pofe.evaluation.audit import gate, judge_identity
+
+        gate(require_audit, judge_identity(cfg.judge))
         try:
-            s = run(cfg)
-        except (ValueError, FileNotFoundError) as e:
+            s = run(cfg, resume=resume)
+        except (ValueError, FileNotFoundError, RunError) as e:
             fail(str(e))
         if json_out:
             emit_json(s)
@@ -50,4 +58,8 @@ def register(app: typer.Typer) -> None:
                    f"({s['labels_per_second']} labels/s); consistency {'n/a' if cons is None else f'{cons:.2f}'}; "
                    f"cache {s['cache']}")
         typer.echo(f"p histogram {s['p_histogram']['counts']}")
+        f = s["filter"]
+        typer.echo(f"filter (drop_inconsistent={f['drop_inconsistent']}, min_margin={f['min_margin']}): "
+                   f"{s['preference_pairs']} pairs kept, dropped {f['dropped']}; "
+                   f"{s['text_fallback_labels']} text-fallback (no log-prob) labels")
         typer.echo(f"preferences: {s['files']['preferences']}")

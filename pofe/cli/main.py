@@ -1,25 +1,204 @@
 """``pofe`` command line. Commands register themselves from ``pofe/cli/<name>.py``; a
-command whose module is missing or fails to import is not listed (``pofe --help`` lists
-only commands that work)."""
+command whose module is missing is not listed (``pofe --help`` lists only commands that exist).
+
+Two things live here for every command:
+
+* **Lazy commands.** A command's module is imported only when that command runs (or its own
+  ``--help`` is asked for); ``pofe --help`` lists commands from their module docstrings without
+  importing them, so ``pofe --help`` / ``pofe --version`` start without torch or transformers.
+* **One line per error.** Every exception that reaches the top becomes one line on stderr and
+  an exit status -- 2 for bad input (config, data, run folder, model name), 1 for the
+  environment or an endpoint (disk full, read-only file system, unreachable judge) and for
+  internal errors -- with ``-v`` printing the traceback first (issue 14: ~25 error paths used
+  to end in a traceback).
+"""
 
 from __future__ import annotations
 
+import ast
+import errno
 import importlib
+import importlib.util
 import logging
 import os
-from typing import Optional
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
+from typer import _click as click  # typer >= 0.20 vendors click; its groups and errors are these classes
+from typer.core import TyperCommand, TyperGroup
 
 from pofe import __version__
 
 # Order = order in --help.
 COMMAND_MODULES = [
-    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "audit", "eval", "report", "sim", "chat",
+    "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "cache", "annotate", "audit", "eval", "report",
+    "sim", "chat", "export",
 ]
+
+_state = {"verbose": False}
+
+# Commands that run data-parallel under torchrun / accelerate launch (issue 11 point 5). Every
+# other command refuses WORLD_SIZE > 1 with one line instead of running N independent copies
+# (two run folders from a 2-process ``pofe sft``). A command joins this set once its loop
+# shards data and all-reduces gradients, with a test.
+DATA_PARALLEL_COMMANDS = {"online"}
+
+
+def present_commands() -> list[str]:
+    """Module names of the commands that exist (found without importing them)."""
+    return [n for n in COMMAND_MODULES if importlib.util.find_spec(f"pofe.cli.{n}") is not None]
+
+
+def _short_help(module: str) -> str:
+    """The first sentence-paragraph of a command module's docstring, without the leading
+    ``pofe name``: prefix; read with ``ast`` so the module is not imported."""
+    spec = importlib.util.find_spec(f"pofe.cli.{module}")
+    try:
+        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
+    except (OSError, SyntaxError, TypeError):
+        return ""
+    first = " ".join(doc.split("\n\n", 1)[0].split())
+    if first.startswith("``pofe") and "``:" in first:
+        first = first.split("``:", 1)[1].strip()
+    return first[:1].upper() + first[1:]
+
+
+# ----------------------------------------------------------------------------- errors
+
+# Exit status by the name of a pofe exception class (matched along the MRO, only for classes
+# defined in pofe), so that the handler needs no imports of heavy modules and a typed error
+# added in any stage is covered by adding its name here.
+_POFE_ERRORS = {
+    "ConfigError": 2, "DataError": 2, "RunError": 2, "ModelError": 2, "CheckpointError": 2,
+    "MultiProcessRefused": 2, "AuditError": 2,
+    "EndpointError": 1, "JudgeError": 1, "NonFiniteLoss": 1, "DeviceUnavailable": 1,
+}
+_OS_BAD_INPUT = {errno.ENOENT: "no such file or directory", errno.EISDIR: "is a directory",
+                 errno.ENOTDIR: "not a directory", errno.EEXIST: "already exists"}
+_OS_ENVIRONMENT = {errno.ENOSPC: "no space left on device (disk full)", errno.EROFS: "read-only file system",
+                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                   errno.EDQUOT: "disk quota exceeded"}
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _raised_in_pofe(e: BaseException) -> bool:
+    """True when the innermost frame of ``e``'s traceback is pofe's own code (a deliberate
+    ``raise ValueError("...")`` with a message for the user, not a library's internal error)."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    pkg = str(Path(__file__).resolve().parents[1])
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(pkg)
+
+
+def describe_error(e: BaseException) -> tuple[int, str]:
+    """(exit status, one-line message) for an exception that reached the top of a command."""
+    for cls in type(e).__mro__:
+        if cls.__module__.startswith("pofe") and cls.__name__ in _POFE_ERRORS:
+            return _POFE_ERRORS[cls.__name__], _one_line(e)
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted (what was already written is kept; --resume RUN_DIR continues a training run)"
+    if isinstance(e, OSError) and e.errno is not None:
+        where = e.filename if e.filename is not None else ""
+        where = f": {where}" if where else ""
+        if e.errno in _OS_BAD_INPUT:
+            return 2, f"{_OS_BAD_INPUT[e.errno]}{where}"
+        if e.errno in _OS_ENVIRONMENT:
+            return 1, f"{_OS_ENVIRONMENT[e.errno]}{where}"
+        return 1, f"{e.strerror or type(e).__name__}{where}"
+    text = str(e)
+    for needle, what in (("No space left on device", "no space left on device (disk full)"),
+                         ("Read-only file system", "read-only file system")):
+        if needle in text:  # e.g. safetensors' SafetensorError carries the OS error only in its text
+            return 1, f"{what}: {_one_line(text)}"
+    if type(e).__name__ == "OutOfMemoryError" or isinstance(e, MemoryError):
+        return 1, f"out of memory: {_one_line(e) or type(e).__name__} (smaller batch_size / max_new_tokens, or LoRA)"
+    if isinstance(e, (ValueError, NotImplementedError)) and _raised_in_pofe(e):
+        return 2, _one_line(e)
+    if isinstance(e, RuntimeError) and _raised_in_pofe(e):
+        return 1, _one_line(e)
+    return 1, f"internal error: {type(e).__name__}: {_one_line(e)} (run with -v for the traceback)"
+
+
+# ----------------------------------------------------------------------------- the group
+
+class LazyGroup(TyperGroup):
+    """The root group: commands imported on first use, errors turned into one line."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n.replace("_", "-") for n in present_commands()]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = cmd_name.replace("-", "_")
+        if module not in present_commands():
+            return None
+        if self._listing:  # pofe --help: a stand-in carrying the short help, nothing imported
+            return TyperCommand(cmd_name, short_help=_short_help(module), help=_short_help(module))
+        if cmd_name not in self.commands:
+            self.commands[cmd_name] = _load_command(module, cmd_name)
+        return self.commands[cmd_name]
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        try:
+            name, cmd, rest = super().resolve_command(ctx, args)
+        except click.exceptions.UsageError as e:
+            from difflib import get_close_matches
+
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if matches and "Did you mean" not in e.message:
+                e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
+            raise
+        if name is not None and name not in DATA_PARALLEL_COMMANDS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+            from pofe.training.guards import require_single_process
+
+            require_single_process(name)  # raises MultiProcessRefused -> exit 2, one line
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line
+            code, message = describe_error(e)
+            if _state["verbose"]:
+                traceback.print_exception(e, file=sys.stderr)
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(code) from None
+
+
+def _load_command(module: str, cmd_name: str) -> click.Command:
+    mod = importlib.import_module(f"pofe.cli.{module}")
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    mod.register(sub)
+    group = typer.main.get_group(sub)
+    if cmd_name not in group.commands:
+        raise RuntimeError(f"pofe/cli/{module}.py registers {sorted(group.commands)}, not {cmd_name!r}")
+    return group.commands[cmd_name]
+
 
 app = typer.Typer(
     name="pofe",
+    cls=LazyGroup,
     help="Preference optimisation from AI feedback: online DPO/IPO/SLiC (OAIF), self-rewarding LMs, RLAIF/CAI, judge audits.",
     no_args_is_help=True,
     add_completion=False,
@@ -36,28 +215,15 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging, and the traceback of an error."),
 ) -> None:
+    _state["verbose"] = verbose
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     # Nothing is ever fetched from a model hub at run time unless the user opts in.
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"pofe.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"pofe.cli.{name}":
-                continue
-            raise
-        mod.register(app)
-
-
-_register_all()
 
 
 def main() -> None:

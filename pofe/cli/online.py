@@ -23,6 +23,10 @@ def describe(summary: dict[str, Any], cfg) -> str:
     if s["mode"] != "offline":
         lines.append(f"  annotations: {s['annotations']} judged pairs -> {s['trained_pairs']} trained, "
                      f"{s['identical_pairs']} identical (masked), {s['tie_pairs']} ties, {s['unlabelled_pairs']} unlabelled (skipped)")
+        lf = s.get("label_filter") or {}
+        lines.append(f"  label filter: drop inconsistent orders {'on' if lf.get('drop_inconsistent') else 'off'} "
+                     f"({s.get('inconsistent_pairs', 0)} dropped), min |p - 1/2| {lf.get('min_margin', 0):g} "
+                     f"({s.get('low_margin_pairs', 0)} dropped); {s.get('text_fallback_labels', 0)} text-fallback labels")
         if s.get("mean_len_first") is not None and s.get("mean_len_last") is not None and s["mean_len_first"]:
             ch = 100 * (s["mean_len_last"] - s["mean_len_first"]) / s["mean_len_first"]
             lines.append(f"  mean response length: {s['mean_len_first']:.1f} -> {s['mean_len_last']:.1f} tokens ({ch:+.0f}%; "
@@ -36,6 +40,8 @@ def describe(summary: dict[str, Any], cfg) -> str:
     if s.get("seconds_per_step"):
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s["time_split"].items() if v)
         lines.append(f"  speed: {s['seconds_per_step']:.2f} s/step (median) — {split}")
+    if not s.get("trained_pairs"):
+        lines.append("  warning: no pair was trained (the policy is unchanged); see the counts above")
     lines.append(f"  run folder: {s['run_dir']} (config.yaml, metrics.jsonl, ledger.jsonl, checkpoints/, final/)")
     return "\n".join(lines)
 
@@ -59,22 +65,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from pofe.loops.online import OnlineConfig
 
-        if resume is not None and config is None:
-            if not (resume / "config.yaml").exists():
-                fail(f"--resume {resume}: no config.yaml there (not a pofe run folder)")
-            config = resume / "config.yaml"
         cfg = resolve_config(OnlineConfig, config, set_, {"train.steps": steps, "mode": mode, "judge.kind": judge,
-                                                          "judge.template": template, "model.name": model}, print_config)
+                                                          "judge.template": template, "model.name": model}, print_config,
+                             resume=resume)
         from pofe.data.prompts import DataError
         from pofe.evaluation.audit import AuditError
         from pofe.loops.online import run
+        from pofe.runs import RunError
 
         t0 = time.perf_counter()
         try:
             summary = run(cfg, resume=resume, require_audit=require_audit)
         except AuditError as e:  # the judge failed (or lacks) its audit: refuse to train
             fail(str(e))
-        except (DataError, FileNotFoundError) as e:
+        except (DataError, RunError, FileNotFoundError) as e:
             fail(str(e))
         except ValueError as e:
             if "judge kind" in str(e) or "mode=offline" in str(e):

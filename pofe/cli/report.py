@@ -11,10 +11,12 @@ from pofe.cli.common import JsonOpt, emit_json, fail
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help="Plot a run folder (pofe online / self-reward) into RUN_DIR/report/report.html "
-                      "(images inline, opens offline) plus one PNG per plot.")
+    @app.command(help="Plot a run folder of any command (online, self-reward, label, rm, rl, cai revise; an audit "
+                      "folder or audit.json) into RUN_DIR/report/report.html (images inline, opens offline) plus one "
+                      "PNG per plot: rates with n and Wilson intervals, the judge's length unit, sample generations, "
+                      "flags for KL jumps, top-of-scale judge scores and overconfident labels.")
     def report(
-        run_dir: Path = typer.Argument(..., help="Run folder (config.yaml, metrics.jsonl, ledger.jsonl, iter_*/)."),
+        run_dir: Path = typer.Argument(..., help="Run folder (or an audit.json report)."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default RUN_DIR/report)."),
         json_out: bool = JsonOpt,
     ) -> None:
@@ -27,4 +29,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(res)
         else:
-            typer.echo(f"wrote {res['html']} with {len(res['plots'])} plots ({', '.join(res['plots']) or 'none'})")
+            typer.echo(f"wrote {res['html']} ({res['kind']} run) with {len(res['plots'])} plots "
+                       f"({', '.join(res['plots']) or 'none'})")
+            for f in res["flags"]:
+                typer.echo(f"  flag: {f}")

@@ -26,25 +26,33 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, help="Policy name, id or path (default: embedded SmolLM2)."),
         prompts: Optional[str] = typer.Option(None, help="Prompt source."),
         reward: Optional[str] = typer.Option(None, help="programmatic, reward-model or judge."),
-        reward_model: Optional[str] = typer.Option(None, "--reward-model", help="pofe rm output directory."),
+        reward_model: Optional[str] = typer.Option(None, "--reward-model", help="pofe rm output (its final/ folder)."),
         algo: Optional[str] = typer.Option(None, help="rloo or grpo."),
-        steps: Optional[int] = typer.Option(None),
+        steps: Optional[int] = typer.Option(None, help="Optimiser steps (train.steps)."),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder from its latest checkpoint "
+                                              "(its saved config.yaml is used; --config/--set are refused)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
+        require_audit: Optional[Path] = typer.Option(None, "--require-audit",
+                                                     help="Refuse to train unless this `pofe audit` report passed for the reward's judge."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.rl import RLConfig, run
+        from pofe.runs import RunError
 
         extra = {"model.name": model, "prompts": prompts, "reward.kind": reward, "reward.model": reward_model,
-                 "algo": algo, "steps": steps, "run.output_dir": output_dir, "run.name": name}
+                 "algo": algo, "train.steps": steps, "run.output_dir": output_dir, "run.name": name}
         if reward_model and not reward:
             extra["reward.kind"] = "reward-model"
-        cfg = resolve_config(RLConfig, config, set_, extra, print_config)
+        cfg = resolve_config(RLConfig, config, set_, extra, print_config, resume=resume)
+        from pofe.evaluation.audit import gate, reward_identity
+
+        gate(require_audit, lambda: reward_identity(cfg.reward))
         try:
-            s = run(cfg)
-        except (ValueError, FileNotFoundError) as e:
+            s = run(cfg, resume=resume)
+        except (ValueError, FileNotFoundError, RunError) as e:
             fail(str(e))
         if json_out:
             emit_json(s)
@@ -52,5 +60,5 @@ def register(app: typer.Typer) -> None:
         b, a = s.get("eval_before") or {}, s.get("eval_after") or {}
         typer.echo(f"rl ({s['algo']}, KL in {s['kl_in']}, beta {s['beta']}): {s['steps']} steps, reward {s['reward']}")
         typer.echo(f"held-out reward {b.get('reward')} -> {a.get('reward')}; length {b.get('length')} -> {a.get('length')} tokens; "
-                   f"KL (last 5 steps) {s['last5']['kl']}")
-        typer.echo(f"model: {s['model_dir']}")
+                   f"KL (last 5 steps) {s['last5']['objective/kl']}")
+        typer.echo(f"model: {s['final_model']}")

@@ -4,7 +4,7 @@ pairs, iterative DPO M1 -> M2 -> M3, reward-modelling metrics."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
         iterations: Optional[int] = typer.Option(None, "--iterations", "-n", help="Models M1..M_T (paper: 3)."),
         model: Optional[str] = typer.Option(None, help="Base model name, id or path (default: embedded SmolLM2)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Run folder to continue (finished stages are skipped)."),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR with its own config.yaml "
+                                                                     "(finished stages are skipped)."),
         require_audit: Optional[Path] = typer.Option(
             None, "--require-audit",
             help="Refuse to start unless this `pofe audit` report passed (audit M1 as a judge first)."),
@@ -29,30 +30,34 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from pofe.loops.self_reward import SelfRewardConfig
 
-        extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir, "resume": resume}
-        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config)
+        extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir}
+        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume)
         from pofe.data.prompts import DataError
         from pofe.evaluation.audit import AuditError
         from pofe.evaluation.audit import require_audit as _require_audit
-        from pofe.loops.self_reward import compact, run
+        from pofe.loops.self_reward import run
+        from pofe.runs import RunError
 
         if require_audit is not None:
-            # The self-rewarding judge is the policy itself and changes every iteration, so
-            # the report's judge id cannot match M_t: require that the audit (of M1 as a
-            # judge) passed, before any compute is spent.
+            # The self-rewarding judge is the policy itself and changes every iteration: the
+            # gate names the starting model and the judge template (audit it as a judge
+            # first), before any compute is spent.
+            from pofe.evaluation.audit import self_reward_identity
+
             try:
-                _require_audit(require_audit)
+                _require_audit(require_audit, self_reward_identity(cfg.judge, cfg.model.name))
             except AuditError as e:
                 fail(str(e))
         try:
-            summary = run(cfg)
-        except DataError as e:
+            summary = run(cfg, resume=resume)
+        except (DataError, RunError) as e:
             fail(str(e))
         rows = compact(summary)
         if json_out:
-            emit_json({"run_dir": summary["run_dir"], "seconds": summary["seconds"], "iterations": rows})
+            emit_json({"run_dir": summary["run_dir"], "final_model": summary["final_model"], "seconds": summary["seconds"],
+                       "iterations": rows})
             return
-        typer.echo(f"run: {summary['run_dir']}  ({summary['seconds']} s)")
+        typer.echo(f"run: {summary['run_dir']}  ({summary['seconds']} s); final model (M{len(rows)}): {summary['final_model']}")
         for r in rows:
             h = r.get("head_to_head_vs_prev") or {}
             rm = r.get("rm_metrics") or {}
@@ -66,3 +71,27 @@ def register(app: typer.Typer) -> None:
 
 def _f(x) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def compact(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-iteration line ``--json`` prints: prompts generated/kept, pairs kept/dropped,
+    mean score, RM metrics, head-to-head vs the previous iteration, mean length."""
+    out = []
+    for m in summary["iterations"]:
+        p = m.get("prompts") or {}
+        pc = m.get("pairs") or {}
+        rm = m.get("rm_metrics") or {}
+        out.append({
+            "iteration": m["iteration"], "model": m.get("model"),
+            "prompts_generated": p.get("candidates", p.get("pool")), "prompts_kept": p.get("kept"),
+            "prompts_rejected": p.get("rejected"),
+            "pairs_kept": pc.get("kept"),
+            "pairs_dropped": {k: v for k, v in pc.items() if k not in ("kept", "prompts")} or None,
+            "unscored_candidates": m.get("unscored_candidates"),
+            "mean_score": m.get("mean_score"), "eval_mean_score": m.get("eval_mean_score"),
+            "mean_length_chars": m.get("mean_length_chars"),
+            "rm_metrics": {k: rm.get(k) for k in ("pairwise_accuracy", "exact_match", "spearman", "kendall_tau",
+                                                  "five_best_share", "n_pairs")} if rm else None,
+            "head_to_head_vs_prev": m.get("head_to_head_vs_prev"), "selected_step": m.get("selected_step"),
+        })
+    return out

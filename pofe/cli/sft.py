@@ -15,31 +15,33 @@ def register(app: typer.Typer) -> None:
                       "cosine schedule, LoRA or full (Self-Rewarding LMs seed SFT; SL-CAI).")
     def sft(
         config: Optional[Path] = ConfigOpt,
-        ift: Optional[list[str]] = typer.Option(None, "--ift", help="IFT data file (repeatable)."),
-        eft: Optional[list[str]] = typer.Option(None, "--eft", help="EFT data file (repeatable)."),
-        model: Optional[str] = typer.Option(None, help="Model name, id or path (default: embedded SmolLM2)."),
-        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimiser steps (overrides epochs)."),
-        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Run folder to resume."),
+        ift: Optional[list[str]] = typer.Option(None, "--ift", help="IFT data file (data.ift, repeatable)."),
+        eft: Optional[list[str]] = typer.Option(None, "--eft", help="EFT data file (data.eft, repeatable)."),
+        model: Optional[str] = typer.Option(None, help="Model (model.name): name, id or path (default: embedded SmolLM2)."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="Optimiser steps (train.steps; default: epochs)."),
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders (run.output_dir)."),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR with its own config.yaml "
+                                                                     "from its latest checkpoint."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.sft import SFTConfig
 
-        extra = {"data.ift": ift or None, "data.eft": eft or None, "model.name": model, "max_steps": max_steps,
-                 "run.output_dir": output_dir, "resume": resume}
-        cfg = resolve_config(SFTConfig, config, set_, extra, print_config)
+        extra = {"data.ift": ift or None, "data.eft": eft or None, "model.name": model, "train.steps": steps,
+                 "run.output_dir": output_dir}
+        cfg = resolve_config(SFTConfig, config, set_, extra, print_config, resume=resume)
         from pofe.data.prompts import DataError
         from pofe.loops.sft import run
+        from pofe.runs import RunError
 
         try:
-            summary = run(cfg)
-        except DataError as e:
+            summary = run(cfg, resume=resume)
+        except (DataError, RunError) as e:
             fail(str(e))
         if json_out:
             emit_json(summary)
         else:
             typer.echo(f"sft: {summary['steps']} steps on {summary['examples']} examples "
                        f"(dropped {summary['dropped']}); loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}")
-            typer.echo(f"model: {summary['model_dir']}")
+            typer.echo(f"model: {summary['final_model']}")

@@ -34,6 +34,7 @@ class Principle:
     text: str
     critique: str | None = None
     revision: str | None = None
+    harm: bool = False  # a harm principle: SL-CAI critiques of red-team responses draw only these
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def load_constitution(name_or_path: str = DEFAULT_CONSTITUTION) -> Constitution:
     for i, item in enumerate(raw):
         if not isinstance(item, dict) or not item.get("id") or not item.get("text"):
             raise ValueError(f"{source}: principle #{i + 1} needs 'id' and 'text'")
-        extra = set(item) - {"id", "text", "critique", "revision"}
+        extra = set(item) - {"id", "text", "critique", "revision", "harm"}
         if extra:
             raise ValueError(f"{source}: principle {item['id']!r}: unknown keys {sorted(extra)}")
         pid = str(item["id"])
@@ -105,7 +106,8 @@ def load_constitution(name_or_path: str = DEFAULT_CONSTITUTION) -> Constitution:
             raise ValueError(f"{source}: duplicate principle id {pid!r}")
         seen.add(pid)
         principles.append(Principle(id=pid, text=" ".join(str(item["text"]).split()),
-                                    critique=item.get("critique"), revision=item.get("revision")))
+                                    critique=item.get("critique"), revision=item.get("revision"),
+                                    harm=bool(item.get("harm", False))))
     return Constitution(name=str(data.get("name") or p.stem), version=str(data["version"]),
                         principles=tuple(principles), source=source)
 

@@ -8,24 +8,29 @@ pofe's form, one JSON object per line::
 ``label`` is ``"A"``, ``"B"`` or ``"tie"`` (case-insensitive); the integers ``1``/``2`` (the
 LLMBar convention, 1 = response_a) and ``0.5`` (tie) are accepted too. Optional ``id``.
 
-Adapters:
+Every source :func:`pofe.data.io.read_located` reads works (files, ``save_to_disk``
+folders, ``llmbar:<subset>``, ``hh-rlhf:helpful``); the format is detected per row:
 
-* HH-RLHF (``chosen``/``rejected`` full transcripts that share every turn but the last
+* preference pairs -- standard ``prompt/chosen/rejected`` (the human-preferred reply is
+  ``chosen``, or ``p`` says), conversational, or HH-RLHF (``chosen``/``rejected`` full transcripts that share every turn but the last
   assistant reply; ``.jsonl`` or ``.jsonl.gz``): the prompt is the dialogue up to the final
   ``Assistant:`` turn, the responses are the two final replies. Pairs whose transcripts differ
   before the last reply, or whose two replies are identical, are skipped (a label on
   identical text says nothing about the judge). Chosen is always first in the file, so each
   pair is put in a random order (seeded): without that, position bias would pass for
-  agreement.
+  agreement. (Pairs are read by :func:`pofe.data.preferences.to_pair`, so a standard pair
+  is never mistaken for an HH transcript.)
 * LLMBar (``input``/``output_1``/``output_2``/``label`` in {1, 2}, a JSON array): mapped
   as is (LLMBar's order is already mixed).
+* ``pofe annotate`` event logs (rows with ``event`` and ``annotator``): undo and skip events
+  resolved, ties kept, one item per (annotator, pair) -- see :func:`from_annotations`.
 
-A directory is searched for ``*.jsonl``, ``*.jsonl.gz`` and ``*.json`` files.
+A directory (not a ``save_to_disk`` one) is searched for ``.jsonl``, ``.jsonl.gz``,
+``.json``, ``.csv`` and ``.parquet`` files.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -33,6 +38,10 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import numpy as np
+
+from pofe.data.io import DataError, read_located
+from pofe.data.preferences import to_pair
+from pofe.data.prompts import to_prompt
 
 log = logging.getLogger(__name__)
 
@@ -71,42 +80,19 @@ def normalise_label(value: Any, where: str) -> Label:
     raise ValueError(f"{where}: label must be 'A', 'B' or 'tie' (or 1/2 as in LLMBar, 0.5 for a tie); got {value!r}")
 
 
-def _open_text(path: Path) -> str:
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return f.read()
-    return path.read_text(encoding="utf-8")
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    text = _open_text(path)
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    if name.endswith(".json"):
-        data = json.loads(text)
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON array of records")
-        return data
-    rows = []
-    for i, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i + 1}: invalid JSON ({e.msg})") from None
-    return rows
-
-
 def detect_format(record: dict[str, Any]) -> str:
     keys = set(record)
+    if {"event", "annotator"} <= keys:
+        return "pofe-annotate"
     if {"prompt", "response_a", "response_b", "label"} <= keys:
         return "pofe"
-    if {"chosen", "rejected"} <= keys:
-        return "hh-rlhf"
     if {"input", "output_1", "output_2", "label"} <= keys:
         return "llmbar"
-    raise ValueError(f"unknown calibration format with keys {sorted(keys)}: expected pofe "
-                     "(prompt/response_a/response_b/label), HH-RLHF (chosen/rejected) or LLMBar "
-                     "(input/output_1/output_2/label)")
+    if {"chosen", "rejected"} <= keys:
+        return "pairs"  # standard / conversational / HH-RLHF: read by pofe.data.preferences
+    raise DataError(f"unknown calibration format with keys {sorted(keys)}: expected pofe "
+                    "(prompt/response_a/response_b/label), LLMBar (input/output_1/output_2/label) or "
+                    "preference pairs (prompt/chosen/rejected, chat messages, HH-RLHF transcripts)")
 
 
 _ASSISTANT = "\n\nAssistant:"
@@ -121,56 +107,48 @@ def split_hh_transcript(transcript: str) -> tuple[str, str]:
     return transcript[:cut], transcript[cut + len(_ASSISTANT):].strip()
 
 
-def hh_prompt_text(context: str) -> str:
-    """The judge's view of the dialogue: a single human turn as plain text, a longer dialogue
-    as its ``Human:``/``Assistant:`` transcript."""
-    if context.count(_HUMAN) == 1 and _ASSISTANT not in context:
-        return context.replace(_HUMAN, "", 1).strip()
-    return context.strip()
+def _item(row: dict[str, Any], where: str, fmt: str, source: str, idx: int,
+          rng: np.random.Generator) -> CalibrationItem | str:
+    """One row as an item, or a skip reason."""
+    if fmt == "pofe":
+        for k in ("response_a", "response_b"):
+            if not isinstance(row.get(k), str):
+                raise DataError(f"{where}: {k!r} must be a string")
+        return CalibrationItem(to_prompt(row, where, "prompt").text, row["response_a"], row["response_b"],
+                               _label(row["label"], where), source, str(row.get("id") or f"{source}:{idx}"))
+    if fmt == "llmbar":
+        return CalibrationItem(row["input"], row["output_1"], row["output_2"], _label(row["label"], where),
+                               source, f"{source}:{idx}")
+    pair = to_pair(row, where)
+    if isinstance(pair, str):
+        return pair
+    # A pair file lists the human-preferred reply first, so each pair is put in a random
+    # (seeded) order: without that, position bias would pass for agreement.
+    label: Label = "tie" if pair.p == 0.5 else "A"
+    a, b = (pair.chosen, pair.rejected) if pair.p >= 0.5 else (pair.rejected, pair.chosen)
+    if rng.random() < 0.5:
+        a, b = b, a
+        label = "B" if label == "A" else label
+    return CalibrationItem(pair.prompt, a, b, label, source, f"{source}:{idx}")
 
 
-def from_hh_rlhf(rows: Iterable[dict[str, Any]], source: str, rng: np.random.Generator) -> tuple[list[CalibrationItem], int]:
-    items, skipped = [], 0
-    for i, r in enumerate(rows):
-        try:
-            ctx_c, chosen = split_hh_transcript(r["chosen"])
-            ctx_r, rejected = split_hh_transcript(r["rejected"])
-        except ValueError:
-            skipped += 1
-            continue
-        if ctx_c != ctx_r or chosen == rejected or not chosen or not rejected:
-            skipped += 1
-            continue
-        prompt = hh_prompt_text(ctx_c)
-        if rng.random() < 0.5:
-            items.append(CalibrationItem(prompt, chosen, rejected, "A", source, f"{source}:{i}"))
-        else:
-            items.append(CalibrationItem(prompt, rejected, chosen, "B", source, f"{source}:{i}"))
-    return items, skipped
-
-
-def from_llmbar(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
-    return [CalibrationItem(r["input"], r["output_1"], r["output_2"], normalise_label(r["label"], f"{source}[{i}]"),
-                            source, f"{source}:{i}") for i, r in enumerate(rows)]
-
-
-def from_pofe(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
-    return [CalibrationItem(r["prompt"], r["response_a"], r["response_b"],
-                            normalise_label(r["label"], f"{source}:{i + 1}"), source, r.get("id") or f"{source}:{i}")
-            for i, r in enumerate(rows)]
+def _label(value: Any, where: str) -> Label:
+    try:
+        return normalise_label(value, where)
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 def _files(path: Path) -> list[Path]:
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and (p.name.endswith((".jsonl", ".jsonl.gz", ".json"))))
+    if path.is_dir() and not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        found = sorted(p for p in path.rglob("*") if p.is_file() and (p.name.endswith(_FILE_NAMES)))
         if not found:
-            raise ValueError(f"{path}: no .jsonl, .jsonl.gz or .json files in this folder")
+            raise DataError(f"{path}: no calibration files ({', '.join(_FILE_NAMES)}) in this folder")
         return found
-    if not path.exists():
-        raise FileNotFoundError(f"calibration file not found: {path}")
     return [path]
 
 
+_FILE_NAMES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".parquet")
 _GENERIC_NAMES = ("dataset.json", "test.jsonl.gz", "test.jsonl", "train.jsonl.gz", "train.jsonl", "data.jsonl")
 
 
@@ -178,41 +156,40 @@ def source_name(path: Path) -> str:
     """A short readable source: ``hh-rlhf/helpful-base``, ``Adversarial/Neighbor``, ``calib/my.jsonl``."""
     if path.name in _GENERIC_NAMES:
         return "/".join(path.parts[-3:-1])
-    return f"{path.parent.name}/{path.name}"
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
-def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: int = 0) -> list[CalibrationItem]:
-    """Items of one file (format detected from its first record); ``limit`` draws a seeded
-    random subset of that many items (the whole file when ``None``)."""
+def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: int = 0,
+                          skip_bad_rows: bool = False) -> list[CalibrationItem]:
+    """Items of one source -- a file, a save_to_disk folder or a named source such as
+    ``llmbar:Natural`` (format detected per row); ``limit`` draws a seeded random subset of
+    that many items (the whole source when ``None``)."""
     path = Path(path)
-    rows = _records(path)
-    if not rows:
-        return []
-    fmt = detect_format(rows[0])
+    rows = read_located(path, skip_bad_rows=skip_bad_rows)
     # One rng per file, seeded from the seed and the file name, so adding a file to the list
     # never changes which items another file contributes.
     rng = np.random.default_rng([seed, sum(path.name.encode())])
     source = source_name(path)
-    if fmt == "hh-rlhf":
-        items, skipped = from_hh_rlhf(rows, source, rng)
-        if skipped:
-            log.info("%s: skipped %d of %d pairs (different dialogue or identical replies)", path, skipped, len(rows))
-    elif fmt == "llmbar":
-        items = from_llmbar(rows, source)
+    if rows.items and detect_format(rows.items[0][1]) == "pofe-annotate":
+        # An event log is read as a whole: undo and skip events refer to earlier rows.
+        items = from_annotations([r for _, r in rows], source)
     else:
-        items = from_pofe(rows, source)
+        index = {where: i for i, (where, _) in enumerate(rows)}
+        items = rows.map(lambda row, where: _item(row, where, detect_format(row), source, index[where], rng))
     if limit is not None and limit < len(items):
         pick = np.sort(rng.choice(len(items), size=limit, replace=False))
         items = [items[i] for i in pick]
     return items
 
 
-def load_calibration(paths: Iterable[str | Path], *, limit: int | None = None, seed: int = 0) -> list[CalibrationItem]:
-    """Items from files or folders; ``limit`` applies per file."""
+def load_calibration(paths: Iterable[str | Path], *, limit: int | None = None, seed: int = 0,
+                     skip_bad_rows: bool = False) -> list[CalibrationItem]:
+    """Items from files, folders (searched for calibration files) or named sources; ``limit``
+    applies per file."""
     out: list[CalibrationItem] = []
     for p in paths:
         for f in _files(Path(p)):
-            out.extend(load_calibration_file(f, limit=limit, seed=seed))
+            out.extend(load_calibration_file(f, limit=limit, seed=seed, skip_bad_rows=skip_bad_rows))
     return out
 
 
@@ -222,3 +199,71 @@ def write_calibration(items: Iterable[CalibrationItem], path: str | Path) -> Non
         for it in items:
             f.write(json.dumps({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
                                 "label": it.label, "id": it.id}, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------- pofe annotate
+
+ANNOTATION_EVENTS = ("open", "label", "skip", "undo")
+
+
+def resolve_annotation_events(rows: Iterable[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """The decisions (``label`` and ``skip`` events) of a ``pofe annotate`` log that still
+    stand once every ``undo`` is applied, in the order they were given.
+
+    The log is append-only (nothing is ever edited, so a closed tab or a crash loses nothing):
+    ``undo`` withdraws its annotator's standing decision on its pair, and a second decision on
+    the same (annotator, pair) replaces the first. ``open`` events (one per server start) only
+    carry provenance. This is the one place the log is interpreted: the annotate server
+    rebuilds its state with it, and :func:`from_annotations` reads calibration items with it.
+    Errors name the source and line (the server writes no blank lines).
+    """
+    stacks: dict[str, list[dict[str, Any]]] = {}
+    order = 0
+    for i, r in enumerate(rows):
+        where = f"{source}:{i + 1}"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where}: expected a JSON object (a pofe annotate event)")
+        ev, who = r.get("event"), r.get("annotator")
+        if ev not in ANNOTATION_EVENTS:
+            raise ValueError(f"{where}: unknown event {ev!r} (expected one of {', '.join(ANNOTATION_EVENTS)})")
+        if not isinstance(who, str) or not who:
+            raise ValueError(f"{where}: 'annotator' must be a non-empty string")
+        if ev == "open":
+            continue
+        pid = r.get("pair_id")
+        if not isinstance(pid, str) or not pid:
+            raise ValueError(f"{where}: '{ev}' event without a 'pair_id' string")
+        stack = stacks.setdefault(who, [])
+        if ev == "undo":
+            # Each (annotator, pair) has at most one standing decision, so naming the pair is
+            # unambiguous; the server undoes its session's latest one (a session over another
+            # file or subset can have later decisions on pairs it does not show).
+            hit = [k for k, d in enumerate(stack) if d["pair_id"] == pid]
+            if not hit:
+                raise ValueError(f"{where}: undo of pair {pid!r} by {who!r}, who has no standing decision on it")
+            del stack[hit[0]]
+            continue
+        if ev == "label":
+            for key in ("prompt", "response_a", "response_b"):
+                if not isinstance(r.get(key), str):
+                    raise ValueError(f"{where}: label event without a '{key}' string")
+            normalise_label(r.get("label"), where)
+        stack[:] = [d for d in stack if d["pair_id"] != pid]
+        order += 1
+        stack.append({**r, "_order": order})
+    standing = sorted((d for s in stacks.values() for d in s), key=lambda d: d["_order"])
+    return [{k: v for k, v in d.items() if k != "_order"} for d in standing]
+
+
+def from_annotations(rows: Iterable[dict[str, Any]], source: str) -> list[CalibrationItem]:
+    """Calibration items from a ``pofe annotate`` log: one per standing ``label`` of each
+    (annotator, pair); skipped and undone pairs give none, a tie stays a tie.
+
+    ``response_a``/``response_b`` are the pair's own order, the same for every annotator
+    (the page shows them in a per-annotator random order and maps the key pressed back), so
+    two annotators' labels of one pair compare directly: items share ``id`` (the pair id) and
+    differ in ``source`` (``annotator@file``), which is how human-human agreement is found.
+    """
+    return [CalibrationItem(d["prompt"], d["response_a"], d["response_b"], normalise_label(d["label"], source),
+                            f"{d['annotator']}@{source}", d["pair_id"])
+            for d in resolve_annotation_events(rows, source) if d["event"] == "label"]

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pydantic import Field
+
 from pofe.config import PofeConfig
-from pofe.data.preferences import _pair_from_row
-from pofe.data.prompts import DataError, load_rows
+from pofe.data.io import DataError, read_located
+from pofe.data.preferences import to_pair
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
             return "all-ranks-tied"
         rid = row.get("id")
         return RankedPrompt(row["prompt"], tuple(resp), tuple(float(r) for r in ranks), str(rid) if rid is not None else where)
-    pair = _pair_from_row(row, where)
+    pair = to_pair(row, where)
     if isinstance(pair, str):
         return pair
     if pair.p < 0.5:
@@ -70,21 +72,11 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
 
 def load_ranked(source: str | Path, *, limit: int | None = None) -> tuple[list[RankedPrompt], dict[str, int]]:
     """Ranked prompts and the count of skipped rows per reason."""
-    if not Path(source).exists():
-        raise DataError(f"ranked file not found: {source}")
-    out: list[RankedPrompt] = []
-    skipped: dict[str, int] = {}
-    for where, row in load_rows(source):
-        r = _ranked_from_row(row, where)
-        if isinstance(r, str):
-            skipped[r] = skipped.get(r, 0) + 1
-            continue
-        out.append(r)
-        if limit and len(out) >= limit:
-            break
+    rows = read_located(source)
+    out = rows.map(_ranked_from_row, limit=limit)
     if not out:
-        raise DataError(f"{source}: no usable ranked prompts (skipped: {skipped or 'none'})")
-    return out, skipped
+        raise DataError(f"{source}: no usable ranked prompts (skipped: {rows.skipped or 'none'})")
+    return out, dict(rows.skipped)
 
 
 def split_ranked(groups: Sequence[RankedPrompt], eval_fraction: float, *, seed: int = 0,
@@ -104,13 +96,13 @@ class EFTConfig(PofeConfig):
 
     ranked: str | None = None
     """Ranked file (see :func:`load_ranked`); e.g. ../shared/data/hh-rlhf/helpful-base/test.jsonl.gz."""
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
     """Read at most this many ranked prompts."""
-    eval_fraction: float = 0.25
+    eval_fraction: float = Field(0.25, ge=0.0, le=1.0)
     """Share of ranked prompts held out for the RM metrics (paper: 541 of 2171, ~0.25)."""
-    max_eval: int | None = None
+    max_eval: int | None = Field(None, ge=0)
     """Cap on held-out prompts (judging is the expensive part)."""
-    rebalance_ratio: float | None = 1.0
+    rebalance_ratio: float | None = Field(1.0, gt=0)
     """Keep at most ``ratio x`` (count of the 2nd most common score) examples of the most
     common score; null disables rebalancing."""
 
@@ -193,3 +185,34 @@ def build_eft(
     stats["examples"] = len(examples)
     stats["score_counts"] = {str(k): v for k, v in sorted(Counter(e["score"] for e in examples).items())}
     return examples, stats
+
+
+def rubric_renderer(judge) -> Callable[[str, str], str]:
+    """The EFT input of a (prompt, response): the judge prompt exactly as the rubric judge
+    renders it, so M1 is fine-tuned on the very prompt it will later judge with."""
+    tmpl = getattr(judge, "template", None)
+    if tmpl is None:
+        raise ValueError("EFT data needs an LLM rubric judge (judge.kind: rubric); "
+                         f"got {getattr(judge, 'id', judge)!r}")
+    specials = getattr(getattr(judge, "backend", None), "special_strings", ())
+
+    def render(prompt: str, response: str) -> str:
+        return tmpl.render({"prompt": prompt, "response": response}, special_strings=specials).user
+    return render
+
+
+def write_eft_files(data_dir: Path, build: Sequence[RankedPrompt], held_out: Sequence[RankedPrompt], judge, *,
+                    rebalance_ratio: float | None, seed: int = 0) -> None:
+    """EFT data written by ``judge`` (the rubric rendered as it judges) on the ``build`` split
+    -> ``eft_train.jsonl`` and ``eft_stats.json``; the held-out split -> ``rm_eval.jsonl``."""
+    import json
+
+    from pofe.runs import atomic_write_text
+
+    rows, stats = build_eft(build, judge, rubric_renderer(judge), rebalance_ratio=rebalance_ratio, seed=seed)
+
+    def jsonl(rs) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rs)
+    atomic_write_text(Path(data_dir) / "rm_eval.jsonl", jsonl(g.to_dict() for g in held_out))
+    atomic_write_text(Path(data_dir) / "eft_stats.json", json.dumps(stats, indent=2, default=str))
+    atomic_write_text(Path(data_dir) / "eft_train.jsonl", jsonl(rows))

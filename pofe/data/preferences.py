@@ -1,27 +1,39 @@
-"""Preference data: (prompt, chosen, rejected[, p]) for offline DAP (the OAIF baseline).
+"""Preference data: (prompt, chosen, rejected[, p]) for offline DAP, reward models, exports.
 
-``load_preferences(path)`` reads every format :func:`pofe.data.prompts.load_rows` reads,
-with rows in one of these shapes:
+:func:`load_preferences` reads any source :func:`pofe.data.io.read_located` reads and maps
+each row with :func:`to_pair`. Accepted row shapes (TRL's preference formats first):
 
-* ``{"prompt", "chosen", "rejected"[, "p"]}`` — ``p`` = P(chosen better), default 1;
-  ``chosen`` / ``rejected`` may also be chat message lists (the last assistant turn is the
-  response, the turns before it the prompt);
-* a pofe ledger row (``kind: annotation`` with ``response_a``, ``response_b``, ``p``): the
-  ledger of an online run doubles as an offline dataset. Rows whose ``p`` is null (the
-  judge could not label them) or whose responses are identical are skipped and counted,
-  never given an invented label; rows of other kinds (per-pair losses) are ignored;
-* Anthropic HH rows (``chosen`` / ``rejected`` full dialogues without ``prompt``): the
-  shared dialogue up to the last ``Assistant:`` is the prompt.
+* standard ``{"prompt", "chosen", "rejected"[, "p"]}`` -- ``p`` = P(chosen better), default 1
+  (a soft label, kept);
+* conversational, explicit prompt: ``prompt`` = chat messages, ``chosen`` / ``rejected`` =
+  the assistant reply as messages; implicit prompt: ``chosen`` / ``rejected`` = whole chats
+  sharing every turn but the last assistant reply. The prompt's turns (system message
+  included) are kept in :attr:`PreferencePair.messages`;
+* Anthropic HH-RLHF ``chosen`` / ``rejected`` transcripts without ``prompt``: the shared
+  dialogue is the prompt (as messages), the two last replies the responses. A pair whose
+  dialogues differ before the last reply is skipped and counted;
+* pofe's own pair files: an online ledger / ``pofe label`` ``labels.jsonl`` / ``pofe judge``
+  verdicts (``prompt, response_a, response_b, p``; ``kind`` other than ``annotation`` is
+  ignored, ``p = null`` (the judge could not read it) is skipped and counted, never given
+  an invented label), ``preferences.jsonl`` of ``label`` / ``cai revise``;
+* a human-labelled comparison: pofe's calibration form (``response_a``, ``response_b``,
+  ``label`` A/B/tie) or LLMBar (``input``, ``output_1``, ``output_2``, ``label`` 1/2).
+
+Pairs whose two responses are identical carry no preference: skipped and counted.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pofe.data.prompts import DataError, hh_prompt, load_rows
+from pofe.data.chat import check_messages, hh_messages, is_hh_transcript, transcript
+from pofe.data.io import DataError, read_located
 from pofe.records import PreferencePair
+
+_PROVENANCE = ("judge_id", "template_hash", "template_id", "principle_id", "constitution_version", "step", "pair_id")
 
 
 @dataclass
@@ -30,88 +42,146 @@ class PreferenceData:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
 
 
-def _last_assistant(value: Any, where: str, name: str) -> tuple[str, list[dict] | None]:
+def _p(value: Any, where: str) -> float:
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: 'p' must be a number in [0, 1], got {value!r}") from None
+    if not math.isfinite(p) or not 0.0 <= p <= 1.0:
+        raise DataError(f"{where}: 'p' must be in [0, 1], got {value!r}")
+    return p
+
+
+def _human_p(label: Any, where: str) -> float:
+    """P(response_a better) from a human label (A/B/tie, LLMBar's 1/2)."""
+    from pofe.data.calibration import normalise_label
+
+    try:
+        return {"A": 1.0, "B": 0.0, "tie": 0.5}[normalise_label(label, where)]
+    except ValueError as e:
+        raise DataError(str(e)) from None
+
+
+def _response(value: Any, where: str, name: str) -> tuple[tuple[dict[str, str], ...] | None, str]:
+    """(turns before the reply or None, the reply text) of a chosen/rejected value."""
     if isinstance(value, str):
-        return value, None
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
-        if value[-1].get("role") != "assistant":
-            raise DataError(f"{where}: '{name}' messages must end with an assistant turn")
-        return value[-1]["content"], value[:-1]
-    raise DataError(f"{where}: '{name}' must be a string or a list of chat messages")
+        return None, value
+    if isinstance(value, list):
+        msgs = check_messages(value, where, name)
+        if msgs[-1]["role"] != "assistant":
+            raise DataError(f"{where}: {name!r} messages must end with the assistant's reply")
+        return msgs[:-1], msgs[-1]["content"]
+    raise DataError(f"{where}: {name!r} must be a string or chat messages, got {type(value).__name__}")
 
 
-def _pair_from_row(row: Any, where: str) -> PreferencePair | str:
-    """A pair, or a skip reason (string)."""
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with prompt/chosen/rejected")
+def _text_field(row: dict[str, Any], key: str, where: str) -> str:
+    v = row.get(key)
+    if not isinstance(v, str):
+        raise DataError(f"{where}: {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def to_pair(row: dict[str, Any], where: str) -> PreferencePair | str:
+    """One row as a pair, or the reason it carries no preference (a short string)."""
     if row.get("kind") is not None and row.get("kind") != "annotation":
         return "other-row-kind"
-    if "response_a" in row and "response_b" in row:  # a pofe ledger row
-        p = row.get("p")
-        if p is None:
-            return "unlabelled"
-        if row["response_a"] == row["response_b"]:
-            return "identical"
-        prov = {k: row[k] for k in ("judge_id", "template_hash", "template_id", "principle_id", "step", "pair_id")
-                if row.get(k) is not None}
+    prompt_msgs: tuple[dict[str, str], ...] | None = None
+    prov: dict[str, Any] = {"source": where}
+    if "response_a" in row and "response_b" in row:  # pofe ledger / labels / verdicts / calibration
+        if "p" in row:
+            if row["p"] is None:
+                return "unlabelled"
+            p = _p(row["p"], where)
+            prov = {"source": "ledger" if row.get("kind") else where,
+                    **{k: row[k] for k in _PROVENANCE if row.get(k) is not None}}
+        elif "label" in row:
+            p = _human_p(row["label"], where)
+        else:
+            raise DataError(f"{where}: a response_a/response_b row needs 'p' (a judge's) or 'label' (a human's)")
+        chosen, rejected = _text_field(row, "response_a", where), _text_field(row, "response_b", where)
         prompt = row.get("prompt")
-        if not isinstance(prompt, str):
-            raise DataError(f"{where}: ledger row without a 'prompt' string")
-        return PreferencePair(prompt=prompt, chosen=row["response_a"], rejected=row["response_b"], p=float(p),
-                              provenance={"source": "ledger", **prov})
-    for key in ("chosen", "rejected"):
-        if key not in row:
-            raise DataError(f"{where}: missing field {key!r} (fields: {sorted(row)})")
-    prompt = row.get("prompt")
-    if prompt is None and isinstance(row["chosen"], str) and isinstance(row["rejected"], str):
-        # Anthropic HH: both dialogues share the prompt, the last assistant turn differs.
-        prompt = hh_prompt(row["chosen"])
-        if prompt is None:
-            raise DataError(f"{where}: no 'prompt' field and 'chosen' is not an HH dialogue")
-        marker = "\n\nAssistant:"
-        chosen = row["chosen"][row["chosen"].rfind(marker) + len(marker):].strip()
-        rejected = row["rejected"][row["rejected"].rfind(marker) + len(marker):].strip()
+    elif {"input", "output_1", "output_2", "label"} <= set(row):  # LLMBar
+        p = _human_p(row["label"], where)
+        prompt, chosen, rejected = row["input"], _text_field(row, "output_1", where), _text_field(row, "output_2", where)
     else:
-        chosen, msgs = _last_assistant(row["chosen"], where, "chosen")
-        rejected, _ = _last_assistant(row["rejected"], where, "rejected")
-        if prompt is None and msgs:
-            user = [m for m in msgs if m.get("role") == "user"]
-            prompt = user[-1]["content"] if user else None
-        if isinstance(prompt, list):
-            user = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-            prompt = user[-1]["content"] if user else None
-        if not isinstance(prompt, str):
-            raise DataError(f"{where}: missing field 'prompt' (fields: {sorted(row)})")
-    p = row.get("p", 1.0)
-    try:
-        p = float(p)
-    except (TypeError, ValueError):
-        raise DataError(f"{where}: 'p' must be a number in [0, 1], got {p!r}") from None
-    if not 0.0 <= p <= 1.0:
-        raise DataError(f"{where}: 'p' must be in [0, 1], got {p}")
+        for key in ("chosen", "rejected"):
+            if key not in row:
+                raise DataError(f"{where}: missing field {key!r} (fields: {sorted(row)})")
+        p = _p(row["p"], where) if row.get("p") is not None else 1.0
+        prompt = row.get("prompt")
+        if prompt is None and is_hh_transcript(row["chosen"]) and is_hh_transcript(row["rejected"]):
+            cut_c, cut_r = row["chosen"].rfind("\n\nAssistant:"), row["rejected"].rfind("\n\nAssistant:")
+            if row["chosen"][:cut_c] != row["rejected"][:cut_r]:
+                return "different-dialogue"
+            prompt_msgs = hh_messages(row["chosen"][:cut_c])
+            chosen = row["chosen"][cut_c + len("\n\nAssistant:"):].strip()
+            rejected = row["rejected"][cut_r + len("\n\nAssistant:"):].strip()
+            if not prompt_msgs:
+                raise DataError(f"{where}: 'chosen' is an HH transcript without a Human turn")
+        else:
+            head_c, chosen = _response(row["chosen"], where, "chosen")
+            head_r, rejected = _response(row["rejected"], where, "rejected")
+            if prompt is None:  # TRL implicit prompt: the shared turns before the replies
+                if not head_c:
+                    raise DataError(f"{where}: missing field 'prompt' (fields: {sorted(row)})")
+                if head_c != head_r:
+                    raise DataError(f"{where}: implicit-prompt 'chosen' and 'rejected' differ before the last reply")
+                prompt_msgs = head_c
+            elif head_c:  # explicit prompt with extra turns in chosen: they belong to the prompt
+                prompt_msgs = (check_messages(prompt, where, "prompt") if isinstance(prompt, list)
+                               else ({"role": "user", "content": prompt},)) + head_c
+    if prompt_msgs is None and isinstance(prompt, list):
+        prompt_msgs = check_messages(prompt, where, "prompt")
+    if prompt_msgs is not None:
+        if not any(m["role"] == "user" for m in prompt_msgs):
+            raise DataError(f"{where}: the prompt holds no user turn")
+        prompt = transcript(prompt_msgs)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DataError(f"{where}: 'prompt' must be a non-empty string or chat messages, got {str(prompt)[:40]!r}")
     if chosen == rejected:
         return "identical"
-    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, p=p, provenance={"source": where})
+    if prompt_msgs is not None and len(prompt_msgs) == 1 and prompt_msgs[0]["role"] == "user":
+        prompt_msgs = None  # a lone user turn is the plain prompt: nothing to keep beyond the text
+    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, p=p, provenance=prov, messages=prompt_msgs)
 
 
-def load_preferences(source: str | Path, *, split: str | None = None, limit: int | None = None) -> PreferenceData:
+def load_preferences(source: str | Path, *, split: str | None = None, limit: int | None = None,
+                     skip_bad_rows: bool = False) -> PreferenceData:
     """Load a preference dataset; see the module docstring for the accepted shapes.
 
     Raises:
         DataError: naming the file and line (or row) and the missing or bad field.
     """
-    if not Path(source).exists() and str(source).endswith((".jsonl", ".json", ".gz", ".csv", ".parquet")):
-        raise DataError(f"preference file not found: {source}")
-    pairs: list[PreferencePair] = []
-    skipped: dict[str, int] = {}
-    for where, row in load_rows(source, split=split):
-        out = _pair_from_row(row, where)
-        if isinstance(out, str):
-            skipped[out] = skipped.get(out, 0) + 1
-            continue
-        pairs.append(out)
-        if limit and len(pairs) >= limit:
-            break
+    rows = read_located(source, split=split, skip_bad_rows=skip_bad_rows)
+    pairs = rows.map(to_pair, limit=limit)
+    skipped = dict(rows.skipped)
+    if rows.bad:
+        skipped["bad-row"] = len(rows.bad)
     if not pairs:
         raise DataError(f"{source}: no usable preference pairs (skipped: {skipped or 'none'})")
     return PreferenceData(pairs, skipped)
+
+
+def load_pairs(source: str | Path, *, limit: int | None = None, skip_bad_rows: bool = False) -> list[PreferencePair]:
+    """The pairs of :func:`load_preferences` (skip counts are logged)."""
+    return load_preferences(source, limit=limit, skip_bad_rows=skip_bad_rows).pairs
+
+
+def load_unlabelled_pairs(source: str | Path, *, skip_bad_rows: bool = False) -> list[tuple[str, str, str]]:
+    """(prompt text, response A, response B) triples to be labelled (``pofe label --pairs``):
+    ``prompt, response_a, response_b`` rows (any ``p`` or ``label`` is ignored), or any
+    preference row :func:`to_pair` reads (chosen as A). A chat prompt is its transcript."""
+    from pofe.data.prompts import to_prompt
+
+    def triple(row: dict[str, Any], where: str) -> tuple[str, str, str] | str:
+        if "response_a" in row and "response_b" in row:
+            return (to_prompt(row, where, "prompt").text, _text_field(row, "response_a", where),
+                    _text_field(row, "response_b", where))
+        pair = to_pair(row, where)
+        return pair if isinstance(pair, str) else (pair.prompt, pair.chosen, pair.rejected)
+
+    rows = read_located(source, skip_bad_rows=skip_bad_rows)
+    out = rows.map(triple)
+    if not out:
+        raise DataError(f"{source}: no pairs to label (skipped: {rows.skipped or 'none'})")
+    return out

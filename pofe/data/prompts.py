@@ -1,36 +1,48 @@
 """Prompt-only data (OAIF Algorithm 1's D_X: prompts without responses).
 
-``load_prompts(path)`` reads:
+:func:`load_prompts` reads any source :func:`pofe.data.io.read_located` reads and maps each
+row with :func:`to_prompt`. A row's prompt is, in this order:
 
-* ``.jsonl`` / ``.jsonl.gz`` / ``.json``: one object per line (or a JSON list) with a prompt field
-  (``prompt``, ``instruction``, ``question``, ``text``, ``input`` or chat ``messages``), or a
-  bare string per line. Anthropic HH rows (``chosen`` = "\\n\\nHuman: ... \\n\\nAssistant: ...")
-  give the dialogue up to the last assistant turn;
-* ``.txt``: one prompt per non-empty line;
-* ``.csv`` / ``.parquet`` / ``.arrow`` and any ``datasets`` dataset name (``name`` or
-  ``name:split``): through ``datasets.load_dataset``.
+* the field named by ``field`` (``data.prompt_field``), when given;
+* ``prompt`` -- a string, or chat messages (TRL's conversational prompt format);
+* ``messages`` -- a chat; a trailing assistant turn (the answer) is dropped;
+* ``turns`` -- FastChat MT-Bench / Vicuna questions: the first turn (later turns depend on
+  the model's first answer, so they are not static prompts);
+* ``instruction`` (+ ``input``, or Self-Instruct's first ``instances`` input) -- Alpaca,
+  Self-Instruct, alpaca_eval outputs;
+* ``goal`` (AdvBench), ``question``, ``query``, ``input``, ``text`` (a TXT line);
+* ``chosen`` with no ``prompt``: an HH-RLHF transcript (the dialogue before the last
+  ``Assistant:`` reply, as messages) or a TRL implicit-prompt chat (the turns before the
+  last assistant reply).
 
-Errors name the file and the line (or row) and the field that was missing, never a bare
-KeyError. With no file at all the loops use :data:`DEFAULT_PROMPTS`, a small built-in set
-so that ``pofe online`` runs out of the box.
+Conversations keep the system message and every turn in :attr:`Prompt.messages`;
+:attr:`Prompt.text` is their transcript (:func:`pofe.data.chat.transcript`). With no source
+at all the loops use :data:`DEFAULT_PROMPTS`, a small built-in set so that ``pofe online``
+runs out of the box.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
+from pofe.data.chat import (
+    check_messages,
+    hh_messages,
+    is_hh_transcript,
+    is_messages,
+    split_prompt,
+    transcript,
+)
+from pofe.data.io import DataError, read_located
 from pofe.records import Prompt
 
-PROMPT_FIELDS = ("prompt", "instruction", "question", "text", "input", "query")
+TEXT_FIELDS = ("goal", "question", "query", "input", "text")
+PROMPT_FIELDS = ("prompt", "instruction") + TEXT_FIELDS
 
-
-class DataError(ValueError):
-    """A data file that cannot be read; ``str(e)`` names the file and line or field."""
-
+__all__ = ["DataError", "DEFAULT_PROMPTS", "PROMPT_FIELDS", "PromptCursor", "default_prompts", "load_prompts",
+           "load_prompt_texts", "split_heldout", "to_prompt"]
 
 # A built-in prompt set for out-of-the-box runs: short everyday instructions whose answers
 # can be long or short, so that a length or helpfulness objective has room to move.
@@ -122,155 +134,87 @@ def default_prompts() -> list[Prompt]:
     return [Prompt(text=t, id=f"default-{i}") for i, t in enumerate(DEFAULT_PROMPTS)]
 
 
-def hh_prompt(dialogue: str) -> str | None:
-    """The HH-RLHF dialogue up to (and excluding) the last ``Assistant:`` turn's answer.
+def _from_messages(msgs: tuple[dict[str, str], ...], where: str, name: str, **kw) -> Prompt:
+    if msgs[-1]["role"] == "assistant":
+        msgs = msgs[:-1]
+    if not msgs or not any(m["role"] == "user" for m in msgs):
+        raise DataError(f"{where}: {name!r} holds no user turn")
+    return Prompt(text=transcript(msgs), messages=msgs, **kw)
 
-    Single-turn dialogues give the human's message; multi-turn ones keep the earlier turns as
-    text, which the chat template then wraps as one user message.
-    """
-    marker = "\n\nAssistant:"
-    k = dialogue.rfind(marker)
-    if k < 0:
+
+def _instruction(row: dict[str, Any]) -> str | None:
+    ins = row.get("instruction")
+    if not isinstance(ins, str) or not ins.strip():
         return None
-    head = dialogue[:k].strip()
-    if head.startswith("Human:") and "\n\nAssistant:" not in head:
-        head = head[len("Human:"):].strip()
-    return head or None
+    extra = row.get("input")
+    if not isinstance(extra, str) and isinstance(row.get("instances"), list) and row["instances"]:
+        first = row["instances"][0]
+        extra = first.get("input") if isinstance(first, dict) else None
+    return f"{ins}\n\n{extra}" if isinstance(extra, str) and extra.strip() else ins
 
 
-def _prompt_from_row(row: Any, where: str, field: str | None) -> Prompt:
-    if isinstance(row, str):
-        if not row.strip():
-            raise DataError(f"{where}: empty prompt")
-        return Prompt(text=row)
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object or a string, got {type(row).__name__}")
-    rid = row.get("id")
-    rid = str(rid) if rid is not None else None
-    ref = row.get("reference") if isinstance(row.get("reference"), str) else None
+def to_prompt(row: dict[str, Any], where: str, field: str | None = None) -> Prompt:
+    """One row as a :class:`Prompt` (see the module docstring for the fields tried)."""
+    rid = row.get("id", row.get("question_id"))
+    kw = {"id": str(rid) if rid is not None else None,
+          "reference": row["reference"] if isinstance(row.get("reference"), str) else None}
     if field is not None:
         if field not in row:
             raise DataError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
-        value = row[field]
+        value, name = row[field], field
+    elif "prompt" in row:
+        value, name = row["prompt"], "prompt"
+    elif "messages" in row:
+        value, name = row["messages"], "messages"
+    elif "turns" in row:
+        turns = row["turns"]
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise DataError(f"{where}: 'turns' must be a non-empty list of strings")
+        value, name = turns[0], "turns"
+    elif _instruction(row) is not None:
+        value, name = _instruction(row), "instruction"
+    elif "chosen" in row and is_hh_transcript(row["chosen"]):
+        head = row["chosen"][:row["chosen"].rfind("\n\nAssistant:")]
+        return _from_messages(hh_messages(head), where, "chosen", **kw)
+    elif "chosen" in row and is_messages(row["chosen"]):
+        turns, _ = split_prompt(check_messages(row["chosen"], where, "chosen"), where, "chosen")
+        return _from_messages(turns, where, "chosen", **kw)
     else:
-        value = next((row[f] for f in PROMPT_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
-        if value is None and "messages" in row:
-            value = row["messages"]
-        if value is None and isinstance(row.get("chosen"), str):  # Anthropic HH format
-            value = hh_prompt(row["chosen"])
-    if value is None:
-        raise DataError(f"{where}: no prompt field; expected one of {list(PROMPT_FIELDS) + ['messages']} "
-                        f"(fields: {sorted(row)}); pass data.prompt_field to name it")
-    if isinstance(value, list):  # chat messages: the prompt is the conversation so far
-        msgs = [m for m in value if isinstance(m, dict) and "role" in m and "content" in m]
-        if len(msgs) != len(value) or not msgs:
-            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-        if msgs[-1]["role"] == "assistant":
-            msgs = msgs[:-1]
-        if not msgs:
-            raise DataError(f"{where}: 'messages' holds no user turn")
-        return Prompt(text=msgs[-1]["content"], id=rid, messages=tuple(msgs), reference=ref)
+        name = next((f for f in TEXT_FIELDS if f in row), None)
+        if name is None:
+            raise DataError(f"{where}: no prompt field; expected one of {list(PROMPT_FIELDS) + ['messages', 'turns']} "
+                            f"(fields: {sorted(row)}); set data.prompt_field to name it")
+        value = row[name]
+    if isinstance(value, list) and name != "turns":
+        return _from_messages(check_messages(value, where, name), where, name, **kw)
     if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: prompt must be a non-empty string")
-    return Prompt(text=value, id=rid, reference=ref)
-
-
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def iter_json_rows(path: Path) -> Iterable[tuple[str, Any]]:
-    """Yield ``(where, row)`` from a JSONL (optionally gzipped) or a JSON-list file."""
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    with _open_text(path) as f:
-        if name.endswith(".json"):
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-            if isinstance(data, dict):  # {"data": [...]} or similar single-key wrappers
-                lists = [v for v in data.values() if isinstance(v, list)]
-                if len(lists) != 1:
-                    raise DataError(f"{path}: expected a JSON list of rows (or one key holding a list)")
-                data = lists[0]
-            if not isinstance(data, list):
-                raise DataError(f"{path}: expected a JSON list of rows")
-            for i, row in enumerate(data):
-                yield f"{path} row {i}", row
-            return
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{i}: invalid JSON ({e.msg})") from None
-            yield f"{path}:{i}", row
-
-
-def load_rows(source: str | Path, *, split: str | None = None) -> Iterable[tuple[str, Any]]:
-    """Rows of any supported file, or of a ``datasets`` dataset (``name`` or ``name:split``)."""
-    path = Path(source)
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    if path.exists() and (name.endswith(".jsonl") or name.endswith(".json")):
-        yield from iter_json_rows(path)
-        return
-    if path.exists() and name.endswith(".txt"):
-        with _open_text(path) as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    yield f"{path}:{i}", line.rstrip("\n")
-        return
-    yield from _datasets_rows(str(source), split)
-
-
-def _datasets_rows(source: str, split: str | None) -> Iterable[tuple[str, Any]]:
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - datasets is a dependency
-        raise DataError(f"{source}: not a JSONL/TXT file and the 'datasets' package is not installed") from None
-    path = Path(source)
-    builders = {".csv": "csv", ".parquet": "parquet", ".arrow": "arrow", ".tsv": "csv"}
-    try:
-        if path.exists() and path.suffix in builders:
-            kw = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
-            ds = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=split or "train", **kw)
-        elif path.is_dir():
-            ds = datasets.load_from_disk(str(path)) if (path / "dataset_info.json").exists() or (path / "state.json").exists() \
-                else datasets.load_dataset(str(path), split=split or "train")
-            if isinstance(ds, datasets.DatasetDict):
-                ds = ds[split or "train"]
-        else:
-            name, _, sp = source.partition(":")
-            ds = datasets.load_dataset(name, split=sp or split or "train")
-    except DataError:
-        raise
-    except FileNotFoundError as e:
-        raise DataError(f"{source}: not found ({e})") from None
-    except Exception as e:  # datasets raises many types; keep one clear message
-        raise DataError(f"{source}: could not load with datasets ({type(e).__name__}: {e})") from None
-    for i, row in enumerate(ds):
-        yield f"{source} row {i}", row
+        raise DataError(f"{where}: {name!r} must be a non-empty string or chat messages, got {str(value)[:40]!r}")
+    return Prompt(text=value, **kw)
 
 
 def load_prompts(source: str | Path | None, *, field: str | None = None, split: str | None = None,
-                 limit: int | None = None) -> list[Prompt]:
+                 limit: int | None = None, skip_bad_rows: bool = False) -> list[Prompt]:
     """Load prompt-only data; ``None`` gives the built-in :data:`DEFAULT_PROMPTS`.
 
     Raises:
-        DataError: naming the file and line (or row) that could not be read.
+        DataError: naming the file and line (or row) and the field that could not be read.
     """
     if source is None:
         prompts = default_prompts()
     else:
-        if not Path(source).exists() and (str(source).endswith((".jsonl", ".json", ".txt", ".csv", ".gz", ".parquet"))):
-            raise DataError(f"prompt file not found: {source}")
-        prompts = [_prompt_from_row(row, where, field) for where, row in load_rows(source, split=split)]
+        rows = read_located(source, split=split, skip_bad_rows=skip_bad_rows)
+        prompts = rows.map(lambda row, where: to_prompt(row, where, field), limit=limit)
         if not prompts:
             raise DataError(f"{source}: no prompts")
     return prompts[:limit] if limit else prompts
+
+
+def load_prompt_texts(source: str | Path, *, field: str | None = None, split: str | None = None,
+                      limit: int | None = None, skip_bad_rows: bool = False) -> list[str]:
+    """Prompts as one string each, for the commands whose generator and judge take text
+    (``label``, ``rl``, ``cai revise``, ``eval``): a conversation becomes its transcript,
+    with the system message and every turn (:func:`pofe.data.chat.transcript`)."""
+    return [p.text for p in load_prompts(source, field=field, split=split, limit=limit, skip_bad_rows=skip_bad_rows)]
 
 
 def split_heldout(prompts: Sequence[Prompt], n_eval: int, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:

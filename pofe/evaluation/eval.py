@@ -1,26 +1,27 @@
-"""``pofe eval``: head-to-head win rates of two policies under a judge, with length control.
+"""``pofe eval``: head-to-head win rates of two policies under a judge, with length control;
+a pairwise matrix and Bradley-Terry ratings for 3+ policies; MT-Bench-style two-turn
+evaluation.
 
-Protocol (FastChat MT-Bench pairwise, shared/docs/anchor-selfreward-cai-judges.md section 3):
-every pair is judged in both orders; a pair is a *win* for A only when both orders prefer
-A, a *loss* only when both prefer B, and a *tie* otherwise (the orders disagree, or a
-verdict is exactly 0.5). Reported: W/T/L, win rate W/N, tie-adjusted win rate
-(W + T/2)/N with a percentile-bootstrap 95% interval, mean lengths, the tie-adjusted win
-rate by length bucket of A's responses (OAIF Fig. 4b groups responses by length to show
-quality at fixed length), and a length-controlled win rate.
+Counting is :mod:`pofe.evaluation.winrate` (the one tie rule every command uses: both
+orders must agree for a win, otherwise a tie; ``(W + T/2)/N`` with a Wilson interval).
+Reported for two policies: W/T/L, win rate, tie-adjusted win rate, mean lengths, the
+tie-adjusted rate by length bucket of A's responses (OAIF Fig. 4b groups responses by length
+to show quality at fixed length), AlpacaEval 2's length-controlled win rate with the
+instruction-difficulty term (``lc_win_rate``), and pofe's earlier simplified LC
+(``lc_win_rate_simple``). Lengths are characters by default, as in AlpacaEval.
 
-Length control (AlpacaEval LC, ``glm_winrate.py``, simplified): regress the outcome
-y in {1, 1/2, 0} on ``tanh(dlen / sd(dlen))`` with an intercept by soft-target logistic
-regression; the LC win rate is the prediction at ``dlen = 0``, i.e. ``sigmoid(intercept)``.
-Lengths are characters, as in AlpacaEval. With equal lengths the slope term is identically
-zero and the fit is the intercept-only MLE, whose prediction is exactly the mean outcome, so
-LC equals the tie-adjusted rate. Unlike AlpacaEval there is no instruction-difficulty term
-(it needs per-instruction data from many models) and no L1 cross-validation; a tiny ridge
-on the slope keeps it finite when length separates the outcomes.
+Three or more policies (``policies: [a, b, c, ...]``, OAIF's 4-way comparison): every pair
+is judged on the same prompts; the result is the pairwise win matrix and Bradley-Terry
+ratings with bootstrap intervals over prompts.
+
+Two-turn evaluation (MT-Bench, Zheng et al. 2023): when the prompt file is FastChat's
+``question.jsonl`` (rows with ``turns``), each policy answers turn 1, then is asked turn 2
+after *its own* first answer; the judge compares the second answers with both transcripts
+in view (FastChat's ``pair-v2-multi-turn``), and both turns are counted.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -28,63 +29,25 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from pofe.config import PofeConfig
-from pofe.evaluation.stats import bootstrap_ci, fit_logistic, sigmoid
+from pofe.evaluation.winrate import (
+    LOSS, TIE, WIN, compare_policies, count_outcomes, judge_pairs, length_controlled_win_rate,
+    length_controlled_win_rate_simple, outcome_value, pair_outcome,
+)
 from pofe.generation import SamplingConfig
 from pofe.judges.registry import JudgeConfig
+from pofe.training import DeviceConfig
 
 log = logging.getLogger(__name__)
 
-WIN, TIE, LOSS = 1, 0, -1
+__all__ = ["LOSS", "TIE", "WIN", "EvalConfig", "judge_pairs", "pair_outcome", "run_eval", "summarise_outcomes"]
 
 
 # --------------------------------------------------------------------------- pure statistics
 
 
-def _verdict(p: float | None) -> int | None:
-    if p is None:
-        return None
-    if p > 0.5:
-        return WIN
-    if p < 0.5:
-        return LOSS
-    return TIE
-
-
-def pair_outcome(p_ab: float | None, p_ba: float | None) -> int | None:
-    """Outcome for A from its two per-order verdicts (both expressed as P(A better)).
-
-    Win only if both orders prefer A, loss only if both prefer B, otherwise a tie
-    (FastChat: "an inconsistent pair is a tie"). ``None`` when an order failed to parse:
-    such a pair is dropped and counted, never guessed.
-    """
-    a, b = _verdict(p_ab), _verdict(p_ba)
-    if a is None or b is None:
-        return None
-    if a == b and a != TIE:
-        return a
-    return TIE
-
-
-def length_controlled_win_rate(y: Sequence[float], dlen: Sequence[float], *, l2: float = 1e-3) -> dict[str, float]:
-    """LC win rate: fit ``y ~ sigmoid(a + b * tanh(dlen / sd))``, predict at dlen = 0.
-
-    ``y`` is the outcome for A (1, 0.5, 0); ``dlen`` is len(A) - len(B).
-    """
-    y = np.asarray(y, dtype=float)
-    dlen = np.asarray(dlen, dtype=float)
-    if y.size == 0:
-        return {"lc_win_rate": None, "slope": None, "length_sd": None}
-    sd = float(np.std(dlen))
-    z = np.tanh(dlen / sd) if sd > 0 else np.zeros_like(dlen)
-    mean = float(y.mean())
-    if mean in (0.0, 1.0):  # all losses / all wins: the intercept MLE is at infinity
-        return {"lc_win_rate": mean, "slope": 0.0, "length_sd": sd}
-    fit = fit_logistic(z, y, l2=l2)
-    return {"lc_win_rate": float(sigmoid(fit.intercept)), "slope": float(fit.coef[0]), "length_sd": sd}
-
-
 def length_buckets(outcomes: np.ndarray, len_a: np.ndarray, n_buckets: int = 4) -> list[dict[str, Any]]:
-    """Tie-adjusted win rate of A grouped by the length of A's response (quantile buckets)."""
+    """Tie-adjusted win rate of A grouped by the length of A's response (quantile buckets),
+    each with its Wilson interval."""
     if len(outcomes) == 0:
         return []
     edges = np.unique(np.quantile(len_a, np.linspace(0, 1, n_buckets + 1)))
@@ -96,12 +59,10 @@ def length_buckets(outcomes: np.ndarray, len_a: np.ndarray, n_buckets: int = 4) 
         m = idx == k
         if not m.any():
             continue
-        o = outcomes[m]
-        rows.append({
-            "lo": float(edges[k]), "hi": float(edges[k + 1]), "n": int(m.sum()),
-            "wins": int((o == WIN).sum()), "ties": int((o == TIE).sum()), "losses": int((o == LOSS).sum()),
-            "win_rate_adjusted": float(((o == WIN).sum() + 0.5 * (o == TIE).sum()) / m.sum()),
-        })
+        c = count_outcomes(list(outcomes[m]))
+        rows.append({"lo": float(edges[k]), "hi": float(edges[k + 1]), "n": c["n"], "wins": c["wins"],
+                     "ties": c["ties"], "losses": c["losses"], "win_rate_adjusted": c["win_rate_adjusted"],
+                     "win_rate_adjusted_ci95": c["win_rate_adjusted_ci95"]})
     return rows
 
 
@@ -110,29 +71,26 @@ def summarise_outcomes(
     len_a: Sequence[float],
     len_b: Sequence[float],
     *,
-    n_boot: int = 2000,
+    instructions: Sequence[Any] | None = None,
     n_buckets: int = 4,
-    seed: int = 0,
 ) -> dict[str, Any]:
-    """All of ``pofe eval``'s statistics from per-pair outcomes and response lengths."""
+    """All of ``pofe eval``'s statistics from per-pair outcomes and response lengths.
+
+    ``instructions`` (one key per outcome) groups rows of the same instruction for the LC
+    difficulty term (MT-Bench's two turns); default one instruction per row."""
     keep = [i for i, o in enumerate(outcomes) if o is not None]
     o = np.array([outcomes[i] for i in keep], dtype=int)
     la = np.array([len_a[i] for i in keep], dtype=float)
     lb = np.array([len_b[i] for i in keep], dtype=float)
     n = len(o)
-    w, t, l_ = int((o == WIN).sum()), int((o == TIE).sum()), int((o == LOSS).sum())
-    y = np.where(o == WIN, 1.0, np.where(o == TIE, 0.5, 0.0))
-    out: dict[str, Any] = {
-        "n": n, "dropped_unparsed": len(outcomes) - n, "wins": w, "ties": t, "losses": l_,
-        "win_rate": w / n if n else None,
-        "win_rate_adjusted": float(y.mean()) if n else None,
-        "mean_len_a": float(la.mean()) if n else None,
-        "mean_len_b": float(lb.mean()) if n else None,
-    }
-    # None, not NaN, when nothing could be compared: --json must stay valid JSON.
-    out["win_rate_adjusted_ci95"] = list(bootstrap_ci(y, n_boot=n_boot, seed=seed)) if n else [None, None]
+    out: dict[str, Any] = count_outcomes(list(outcomes))
+    out["mean_len_a"] = float(la.mean()) if n else None
+    out["mean_len_b"] = float(lb.mean()) if n else None
+    y = np.array([outcome_value(int(v)) for v in o])
     out["by_length_bucket"] = length_buckets(o, la, n_buckets)
-    out.update(length_controlled_win_rate(y, la - lb))
+    keys = None if instructions is None else [instructions[i] for i in keep]
+    out.update(length_controlled_win_rate(y, la - lb, keys))
+    out.update(length_controlled_win_rate_simple(y, la - lb))
     return out
 
 
@@ -140,22 +98,28 @@ def summarise_outcomes(
 
 
 class EvalConfig(PofeConfig):
-    """``pofe eval``: policy A against policy B on a prompt set."""
+    """``pofe eval``: policy A against policy B (or 3+ policies against each other) on a prompt set."""
 
     policy_a: str | None = None
     """Model name/path, a run folder, or a JSONL file of {prompt, response}."""
     policy_b: str | None = None
     """The baseline: model name/path, run folder or responses file."""
+    policies: list[str] = []
+    """Three or more policies to compare pairwise (win matrix + Bradley-Terry ratings; the
+    first is the rating reference). Use instead of policy_a/policy_b."""
     prompts: str | None = None
-    """Prompt file (.txt one per line, .jsonl/.json with prompt/instruction/input/text); default: the prompts
-    of a responses file."""
+    """Prompt file (.txt one per line, .jsonl/.json with prompt/instruction/input/text, or FastChat
+    MT-Bench question.jsonl with ``turns`` for two-turn evaluation); default: the prompts of a responses file."""
     limit: int | None = None
     """Use only the first N prompts."""
     judge: JudgeConfig = JudgeConfig()
+    model: DeviceConfig = DeviceConfig()
+    """Device and dtype of the policies generated here (``model.device``: auto|cpu|cuda|mps)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.7)
     length_unit: Literal["chars", "words"] = "chars"
     n_buckets: int = 4
-    n_boot: int = 2000
+    n_boot: int = 200
+    """Bootstrap resamples of the Bradley-Terry intervals (3+ policies)."""
     seed: int = 0
     refusal: bool = True
     """Report each policy's refusal rate on these prompts (phrase-pattern detector of
@@ -164,52 +128,41 @@ class EvalConfig(PofeConfig):
     """Write per-pair rows (prompt, responses, p_ab, p_ba, outcome) to this JSONL file."""
 
 
-_PROMPT_KEYS = ("prompt", "instruction", "input", "text", "question")
 _RESPONSE_KEYS = ("response", "output", "completion", "answer", "generated")
 
 
-def _read_records(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        data = json.loads(text)
-        return data if isinstance(data, list) else [data]
-    if path.suffix == ".jsonl":
-        from pofe.runs import read_jsonl
-
-        return read_jsonl(path)
-    return [line for line in text.splitlines() if line.strip()]
-
-
-def _field(row: dict, keys: Sequence[str], path: Path, what: str) -> str:
-    for k in keys:
-        if k in row and isinstance(row[k], str):
-            return row[k]
-    raise ValueError(f"{path}: a row has no {what} field (looked for {', '.join(keys)}); keys: {sorted(row)}")
-
-
 def load_prompts(path: str | Path) -> list[str]:
-    """Prompts from .txt (one per line), .json (list) or .jsonl (objects or strings)."""
-    path = Path(path)
-    out = []
-    for r in _read_records(path):
-        out.append(r if isinstance(r, str) else _field(r, _PROMPT_KEYS, path, "prompt"))
-    return out
+    """Prompts from any source the data layer reads (:mod:`pofe.data.prompts`); a chat
+    prompt is its transcript, so two policies answer (and the judge reads) every turn."""
+    from pofe.data.prompts import load_prompt_texts
+
+    return load_prompt_texts(path)
 
 
 def load_responses(path: str | Path) -> dict[str, str]:
-    """prompt -> response from a .jsonl/.json file of {prompt, response} rows."""
-    path = Path(path)
+    """prompt -> response from a file of {prompt, response} rows (alpaca_eval outputs'
+    ``instruction``/``output`` too), read by the data layer; errors name the row."""
+    from pofe.data.io import DataError, read_located
+    from pofe.data.prompts import to_prompt
+
     out: dict[str, str] = {}
-    for r in _read_records(path):
-        if not isinstance(r, dict):
-            raise ValueError(f"{path}: expected JSON objects with prompt and response fields")
-        out[_field(r, _PROMPT_KEYS, path, "prompt")] = _field(r, _RESPONSE_KEYS, path, "response")
+    for where, r in read_located(path):
+        key = next((k for k in _RESPONSE_KEYS if k in r), None)
+        if key is None or not isinstance(r[key], str):
+            raise DataError(f"{where}: no response field (looked for {', '.join(_RESPONSE_KEYS)}); fields: {sorted(r)}")
+        out[to_prompt({k: v for k, v in r.items() if k != key}, where).text] = r[key]
     return out
 
 
 def is_responses_file(spec: str) -> bool:
+    """A responses table (a data file or a ``save_to_disk`` folder), not a model or run folder."""
+    from pofe.data.io import FILE_SUFFIXES
+
     p = Path(spec)
-    return p.is_file() and p.suffix in (".jsonl", ".json")
+    name = p.name[:-3] if p.name.endswith(".gz") else p.name
+    if p.is_dir():
+        return (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()
+    return p.is_file() and name.endswith(FILE_SUFFIXES) and not name.endswith(".txt")
 
 
 def resolve_policy_model(spec: str) -> str:
@@ -230,11 +183,17 @@ def resolve_policy_model(spec: str) -> str:
     return str(best.parent)
 
 
-def _generate(spec: str, prompts: list[str], cfg: EvalConfig) -> list[str]:
+_MODELS: dict[str, Any] = {}  # the last loaded policy, kept for the second MT-Bench turn
+
+
+def _generate(spec: str, prompts: list, cfg: EvalConfig) -> list[str]:
     from pofe.generation import generate
     from pofe.models import load_model
 
-    model, tok = load_model(resolve_policy_model(spec))
+    if spec not in _MODELS:
+        _MODELS.clear()  # one policy in memory at a time
+        _MODELS[spec] = load_model(resolve_policy_model(spec), dtype=cfg.model.dtype, device=cfg.model.device)
+    model, tok = _MODELS[spec]
     outs = generate(model, tok, prompts, n=1, sampling=cfg.sampling, seed=cfg.seed)
     return [o[0].text for o in outs]
 
@@ -243,21 +202,33 @@ def _length(text: str, unit: str) -> int:
     return len(text.split()) if unit == "words" else len(text)
 
 
-def collect_responses(cfg: EvalConfig, generator=None) -> tuple[list[str], list[str], list[str]]:
-    """(prompts, responses of A, responses of B): read from files where given, else generated.
+def policy_specs(cfg: EvalConfig) -> list[str]:
+    """The policies to compare: [policy_a, policy_b] or ``policies`` (3+), never both."""
+    if cfg.policies:
+        if cfg.policy_a or cfg.policy_b:
+            raise ValueError("eval: give either policy_a/policy_b or policies, not both")
+        if len(cfg.policies) < 2 or len(set(cfg.policies)) != len(cfg.policies):
+            raise ValueError(f"eval: policies needs at least two distinct entries, got {cfg.policies}")
+        return list(cfg.policies)
+    if not cfg.policy_a or not cfg.policy_b:
+        raise ValueError("eval needs two policies: policy_a and policy_b (or policies: [a, b, c, ...])")
+    return [cfg.policy_a, cfg.policy_b]
+
+
+def collect_responses(cfg: EvalConfig, generator=None) -> tuple[list[str], list[list[str]]]:
+    """(prompts, one response list per policy): read from files where given, else generated.
 
     ``generator(spec, prompts, cfg) -> list[str]`` replaces model generation in tests.
     """
-    if not cfg.policy_a or not cfg.policy_b:
-        raise ValueError("eval needs two policies: policy_a and policy_b")
+    specs = policy_specs(cfg)
     gen = generator or _generate
-    files = {s: load_responses(s) for s in (cfg.policy_a, cfg.policy_b) if is_responses_file(s)}
+    files = {s: load_responses(s) for s in specs if is_responses_file(s)}
     if cfg.prompts:
         prompts = load_prompts(cfg.prompts)
     elif files:
         prompts = list(next(iter(files.values())))
     else:
-        raise ValueError("eval: give a prompt file (prompts=...) when neither policy is a responses file")
+        raise ValueError("eval: give a prompt file (prompts=...) when no policy is a responses file")
     for spec, table in files.items():
         missing = [p for p in prompts if p not in table]
         if missing:
@@ -269,44 +240,99 @@ def collect_responses(cfg: EvalConfig, generator=None) -> tuple[list[str], list[
         prompts = prompts[: cfg.limit]
     if not prompts:
         raise ValueError("eval: no prompts to compare on")
-    sides = []
-    for spec in (cfg.policy_a, cfg.policy_b):
-        sides.append([files[spec][p] for p in prompts] if spec in files else gen(spec, prompts, cfg))
-    return prompts, sides[0], sides[1]
+    sides = [[files[spec][p] for p in prompts] if spec in files else gen(spec, prompts, cfg) for spec in specs]
+    return prompts, sides
 
 
-def judge_pairs(judge, prompts: list[str], resp_a: list[str], resp_b: list[str]) -> list[tuple[float | None, float | None]]:
-    """(p_ab, p_ba) per pair, both as P(A better).
+# --------------------------------------------------------------------------- two turns (MT-Bench)
 
-    A judge's :class:`~pofe.records.Judgment` already carries both orders; a judge that
-    answered only one (``p_ba is None`` with ``p_ab`` set) is asked again with the order
-    swapped, so every pair is judged both ways.
-    """
-    from pofe.evaluation.audit import as_pairwise
 
-    judge = as_pairwise(judge)
-    js = judge.judge(prompts, resp_a, resp_b)
-    pairs = [(j.p_ab, j.p_ba) for j in js]
-    redo = [i for i, (ab, ba) in enumerate(pairs) if ab is not None and ba is None]
-    if redo:
-        back = judge.judge([prompts[i] for i in redo], [resp_b[i] for i in redo], [resp_a[i] for i in redo])
-        for i, j in zip(redo, back):
-            pairs[i] = (pairs[i][0], None if j.p_ab is None else 1.0 - j.p_ab)
-    return pairs
+def load_turns(source: str | Path) -> list[dict[str, Any]] | None:
+    """FastChat ``question.jsonl`` rows ``{question_id, category, turns: [t1, t2]}`` (a file or
+    the ``mt-bench`` adapter, read by the data layer), or None when the source is not one (no
+    ``turns`` in its first row)."""
+    from pofe.data.io import DataError, read_located
+
+    rows = read_located(source).items
+    if not rows or "turns" not in rows[0][1]:
+        return None
+    out = []
+    for k, (where, r) in enumerate(rows, 1):
+        t = r.get("turns")
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
+            raise DataError(f"{where}: 'turns' must be a non-empty list of strings")
+        out.append({"id": r.get("question_id", k), "category": r.get("category"), "turns": t[:2]})
+    return out
+
+
+def _generate_turns(spec: str, questions: list[dict[str, Any]], cfg: EvalConfig, generator=None) -> list[list[str]]:
+    """Each question's answers, turn by turn: turn 2 is asked after the policy's *own* turn-1
+    answer (the conversation so far is the prompt, as MT-Bench's ``gen_model_answer``)."""
+    gen = generator or _generate
+    convs: list[list[dict[str, str]]] = [[] for _ in questions]
+    answers: list[list[str]] = [[] for _ in questions]
+    for turn in range(max(len(q["turns"]) for q in questions)):
+        idx = [i for i, q in enumerate(questions) if len(q["turns"]) > turn]
+        for i in idx:
+            convs[i].append({"role": "user", "content": questions[i]["turns"][turn]})
+        outs = gen(spec, [list(convs[i]) for i in idx], cfg)
+        for i, o in zip(idx, outs):
+            convs[i].append({"role": "assistant", "content": o})
+            answers[i].append(o)
+    return answers
+
+
+def _turn_pair(q: dict[str, Any], turn: int, ans_a: list[str], ans_b: list[str]) -> tuple[str, str, str]:
+    """(judge prompt, A, B) for one turn. Turn 2 shows each policy's own transcript and asks
+    about the follow-up (FastChat ``pair-v2-multi-turn``: focus on the second answer)."""
+    if turn == 0:
+        return q["turns"][0], ans_a[0], ans_b[0]
+    prompt = (f"First question: {q['turns'][0]}\nFollow-up question: {q['turns'][1]}\n"
+              "Judge which assistant answers the follow-up question better, given its own first answer.")
+
+    def transcript(a):
+        return f"[Answer to the first question]\n{a[0]}\n\n[Answer to the follow-up question]\n{a[1]}"
+
+    return prompt, transcript(ans_a), transcript(ans_b)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _judge_outcomes(judge, prompts, ra, rb):
+    from pofe.evaluation.winrate import head_to_head
+
+    h = head_to_head(judge, prompts, ra, rb)
+    return [(r["p_ab"], r["p_ba"]) for r in h["pairs"]], [r["outcome"] for r in h["pairs"]]
+
+
+def _build_judge(cfg: EvalConfig, judge):
+    if judge is not None:
+        return judge
+    from pofe.judges.registry import build_judge
+
+    return build_judge(cfg.judge)
 
 
 def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
     """Generate where needed, judge both orders, and summarise (the ``--json`` object)."""
-    prompts, ra, rb = collect_responses(cfg, generator)
-    if judge is None:
-        from pofe.judges.registry import build_judge
+    from pofe.data.io import check_output
 
-        judge = build_judge(cfg.judge)
-    pairs = judge_pairs(judge, prompts, ra, rb)
-    outcomes = [pair_outcome(ab, ba) for ab, ba in pairs]
+    specs = policy_specs(cfg)
+    check_output(cfg.output, [cfg.prompts, *specs])  # -o must never name (and so destroy) an input
+    questions = load_turns(cfg.prompts) if cfg.prompts else None
+    if questions is not None:
+        return _run_two_turn(cfg, specs, questions, judge, generator)
+    prompts, sides = collect_responses(cfg, generator)
+    judge = _build_judge(cfg, judge)
+    jid = getattr(judge, "id", str(cfg.judge.kind))
+    if len(specs) > 2:
+        return _run_many(cfg, specs, prompts, sides, judge, jid)
+    ra, rb = sides
+    pairs, outcomes = _judge_outcomes(judge, prompts, ra, rb)
     la = [_length(r, cfg.length_unit) for r in ra]
     lb = [_length(r, cfg.length_unit) for r in rb]
-    summary = summarise_outcomes(outcomes, la, lb, n_boot=cfg.n_boot, n_buckets=cfg.n_buckets, seed=cfg.seed)
+    summary = summarise_outcomes(outcomes, la, lb, n_buckets=cfg.n_buckets)
     if cfg.output:
         from pofe.runs import JsonlWriter
 
@@ -321,11 +347,79 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
 
         summary["refusal_a"] = refusal_rate(prompts, ra, max_examples=0).to_dict()
         summary["refusal_b"] = refusal_rate(prompts, rb, max_examples=0).to_dict()
-    return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": getattr(judge, "id", str(cfg.judge.kind)),
-            "length_unit": cfg.length_unit, **summary}
+    return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": jid, "length_unit": cfg.length_unit, **summary}
+
+
+def _run_many(cfg, specs, prompts, sides, judge, jid) -> dict[str, Any]:
+    """Every pair of policies on the same prompts -> win matrix + Bradley-Terry ratings."""
+    outcomes: dict[tuple[int, int], list[int | None]] = {}
+    rows = []
+    for i in range(len(specs)):
+        for j in range(i + 1, len(specs)):
+            pairs, outs = _judge_outcomes(judge, prompts, sides[i], sides[j])
+            outcomes[(i, j)] = outs
+            rows += [{"prompt": x, "policy_a": specs[i], "policy_b": specs[j], "response_a": a, "response_b": b,
+                      "p_ab": ab, "p_ba": ba, "outcome": o}
+                     for x, a, b, (ab, ba), o in zip(prompts, sides[i], sides[j], pairs, outs)]
+    res = compare_policies(specs, outcomes, n_boot=cfg.n_boot, seed=cfg.seed)
+    res["mean_len"] = {s: float(np.mean([_length(r, cfg.length_unit) for r in side])) for s, side in zip(specs, sides)}
+    if cfg.output:
+        from pofe.runs import JsonlWriter
+
+        Path(cfg.output).unlink(missing_ok=True)
+        with JsonlWriter(cfg.output) as w:
+            for r in rows:
+                w.write(r)
+    return {"mode": "compare", "judge": jid, "n_prompts": len(prompts), "length_unit": cfg.length_unit, **res}
+
+
+def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
+    if len(specs) != 2:
+        raise ValueError("eval: two-turn (MT-Bench) evaluation compares exactly two policies")
+    if cfg.limit is not None:
+        questions = questions[: cfg.limit]
+    answers = [_generate_turns(s, questions, cfg, generator) for s in specs]
+    judge = _build_judge(cfg, judge)
+    jid = getattr(judge, "id", str(cfg.judge.kind))
+    per_turn = {}
+    all_o, all_la, all_lb, all_q = [], [], [], []
+    rows = []
+    for turn in (0, 1):
+        idx = [i for i, q in enumerate(questions) if len(q["turns"]) > turn]
+        if not idx:
+            continue
+        trip = [_turn_pair(questions[i], turn, answers[0][i], answers[1][i]) for i in idx]
+        pairs, outs = _judge_outcomes(judge, [t[0] for t in trip], [t[1] for t in trip], [t[2] for t in trip])
+        la = [_length(answers[0][i][turn], cfg.length_unit) for i in idx]
+        lb = [_length(answers[1][i][turn], cfg.length_unit) for i in idx]
+        per_turn[f"turn_{turn + 1}"] = summarise_outcomes(outs, la, lb, n_buckets=cfg.n_buckets)
+        all_o += outs
+        all_la += la
+        all_lb += lb
+        all_q += [questions[i]["id"] for i in idx]
+        rows += [{"question_id": questions[i]["id"], "turn": turn + 1, "prompt": t[0], "response_a": t[1],
+                  "response_b": t[2], "p_ab": ab, "p_ba": ba, "outcome": o}
+                 for i, t, (ab, ba), o in zip(idx, trip, pairs, outs)]
+    # Both turns of a question share its difficulty term in the LC fit.
+    overall = summarise_outcomes(all_o, all_la, all_lb, instructions=all_q, n_buckets=cfg.n_buckets)
+    if cfg.output:
+        from pofe.runs import JsonlWriter
+
+        Path(cfg.output).unlink(missing_ok=True)
+        with JsonlWriter(cfg.output) as w:
+            for r in rows:
+                w.write(r)
+    return {"mode": "two-turn", "policy_a": specs[0], "policy_b": specs[1], "judge": jid,
+            "length_unit": cfg.length_unit, "n_questions": len(questions), **overall, "by_turn": per_turn}
+
+
+def _fmt(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
 
 
 def format_eval(res: dict[str, Any]) -> str:
+    if res.get("mode") == "compare":
+        return format_compare(res)
     if not res["n"]:
         return (f"{res['policy_a']}  vs  {res['policy_b']}: no pair could be compared "
                 f"({res['dropped_unparsed']} dropped: the judge parsed neither order)")
@@ -333,11 +427,37 @@ def format_eval(res: dict[str, Any]) -> str:
     lines = [
         f"{res['policy_a']}  vs  {res['policy_b']}   (judge {res['judge']}, both orders; disagreement = tie)",
         f"  pairs {res['n']} (dropped unparsed {res['dropped_unparsed']}): W {res['wins']} / T {res['ties']} / L {res['losses']}",
-        f"  win rate {res['win_rate']:.3f}   tie-adjusted {res['win_rate_adjusted']:.3f} [95% CI {lo:.3f}, {hi:.3f}]",
-        f"  length-controlled win rate {res['lc_win_rate']:.3f} (slope on tanh(dlen/sd) {res['slope']:+.2f})",
+        f"  win rate {res['win_rate']:.3f}   tie-adjusted {res['win_rate_adjusted']:.3f} [95% Wilson CI {lo:.3f}, {hi:.3f}]",
+        f"  length-controlled win rate (AlpacaEval-2 GLM, difficulty fitted here) {_fmt(res['lc_win_rate'])}"
+        f"   simplified LC {_fmt(res['lc_win_rate_simple'])} (slope on tanh(dlen/sd) {res['slope']:+.2f})",
         f"  mean length ({res['length_unit']}): A {res['mean_len_a']:.1f}, B {res['mean_len_b']:.1f}",
         "  by length of A's response:",
     ]
     for b in res["by_length_bucket"]:
-        lines.append(f"    [{b['lo']:.0f}, {b['hi']:.0f}]  n={b['n']:<4} adjusted win rate {b['win_rate_adjusted']:.3f}")
+        blo, bhi = b["win_rate_adjusted_ci95"]
+        lines.append(f"    [{b['lo']:.0f}, {b['hi']:.0f}]  n={b['n']:<4} adjusted win rate {b['win_rate_adjusted']:.3f}"
+                     f" [{blo:.3f}, {bhi:.3f}]")
+    for name, t in (res.get("by_turn") or {}).items():
+        tlo, thi = t["win_rate_adjusted_ci95"]
+        lines.append(f"  {name.replace('_', ' ')}: n={t['n']} W {t['wins']} / T {t['ties']} / L {t['losses']}, "
+                     f"tie-adjusted {_fmt(t['win_rate_adjusted'])} [{_fmt(tlo)}, {_fmt(thi)}]")
+    return "\n".join(lines)
+
+
+def format_compare(res: dict[str, Any]) -> str:
+    names = res["policies"]
+    short = [f"P{i + 1}" for i in range(len(names))]
+    lines = [f"{len(names)} policies on {res['n_prompts']} prompts (judge {res['judge']}, both orders; "
+             "disagreement = tie)"]
+    lines += [f"  {s} = {n}" for s, n in zip(short, names)]
+    lines.append("  tie-adjusted win rate of row over column:")
+    lines.append("        " + "".join(f"{s:>8}" for s in short))
+    for s, row in zip(short, res["win_matrix"]):
+        lines.append(f"  {s:<6}" + "".join(f"{'-' if v is None else f'{v:.3f}':>8}" for v in row))
+    bt = res["bradley_terry"]
+    lines.append(f"  Bradley-Terry ratings (logit scale, {bt['reference']} = 0, 95% bootstrap CI over prompts, "
+                 f"{bt['n_boot']} resamples):")
+    for n in res["ranking"]:
+        lo, hi = bt["ci95"][n]
+        lines.append(f"    {short[names.index(n)]:<4}{bt['ratings'][n]:+.3f}  [{_fmt(lo)}, {_fmt(hi)}]")
     return "\n".join(lines)

@@ -148,3 +148,63 @@ def rm_metrics(groups: Sequence[RankedGroup], *, max_score: float = 5.0) -> dict
         "n_corr_skipped_human_ties": corr_skipped,
         "n_perfect": n_perfect,
     }
+
+
+# ----------------------------------------------------------------------------- pairwise reward margins
+
+def logit(p: float, eps: float = 1e-6) -> float:
+    """log(p / (1 − p)), with p clipped to [eps, 1 − eps]."""
+    p = min(max(p, eps), 1 - eps)
+    return math.log(p / (1 - p))
+
+
+def margin_metrics(margins: Sequence[float], p: Sequence[float], *, bins: int = 10) -> dict[str, Any]:
+    """Held-out metrics of a reward model's margins Δr = r(chosen) − r(rejected) against labels p
+    (``pofe rm``; rlaif-constitutional-ai, "Overconfident labels").
+
+    * accuracy: over pairs with p ≠ ½, the share where sign(Δr) = sign(p − ½); Δr = 0 is a miss.
+    * calibration: the predicted q = σ(Δr) against the label p in ``bins`` equal bins of q.
+      Each pair enters twice, as (q, p) and (1 − q, 1 − p): the orientation of a pair is
+      arbitrary, and without the mirror every point of a chosen-first dataset would sit in
+      the upper half. ECE = Σ_b (n_b / N) |mean q_b − mean p_b|.
+    * loss: the soft Bradley-Terry loss (:func:`pofe.losses.soft_bt_loss`) averaged over pairs.
+    * margins: mean, std, quantiles, mean |Δr|, and the margin the labels imply,
+      mean logit(p) over soft labels (p strictly inside (0, 1)): a well-fit soft RM has
+      mean Δr close to it; hard labels have no finite target.
+    """
+    import torch
+
+    from pofe.losses import soft_bt_loss
+
+    m = torch.as_tensor(list(margins), dtype=torch.float64)
+    y = torch.as_tensor(list(p), dtype=torch.float64)
+    n = len(m)
+    if n == 0:
+        return {"n": 0}
+    decided = y != 0.5
+    correct = ((m > 0) & (y > 0.5)) | ((m < 0) & (y < 0.5))
+    acc = float(correct[decided].double().mean()) if decided.any() else None
+    q = torch.sigmoid(m)
+    qs, ys = torch.cat([q, 1 - q]), torch.cat([y, 1 - y])
+    idx = torch.clamp((qs * bins).long(), max=bins - 1)
+    table, ece = [], 0.0
+    for b in range(bins):
+        sel = idx == b
+        k = int(sel.sum())
+        if k == 0:
+            table.append({"bin": [b / bins, (b + 1) / bins], "n": 0, "mean_pred": None, "mean_label": None})
+            continue
+        mq, my = float(qs[sel].mean()), float(ys[sel].mean())
+        ece += k / (2 * n) * abs(mq - my)
+        table.append({"bin": [b / bins, (b + 1) / bins], "n": k, "mean_pred": mq, "mean_label": my})
+    soft = (y > 0) & (y < 1)
+    target = float(torch.tensor([logit(float(v)) for v in y[soft]]).mean()) if soft.any() else None
+    return {
+        "n": n, "accuracy": acc, "n_decided": int(decided.sum()), "loss": float(soft_bt_loss(m, y).mean()),
+        "ece": ece, "reliability": table,
+        "margin": {
+            "mean": float(m.mean()), "std": float(m.std()) if n > 1 else 0.0, "mean_abs": float(m.abs().mean()),
+            "p10": float(torch.quantile(m, 0.1)), "median": float(m.median()), "p90": float(torch.quantile(m, 0.9)),
+            "max_abs": float(m.abs().max()), "label_implied_mean": target,
+        },
+    }

@@ -196,3 +196,91 @@ def format_sim(result: dict[str, Any]) -> str:
         lines.append(f"  {name:<24}{r['agreement_with_truth']:>15.3f}{r['length_to_quality_ratio']:>16.3f}"
                      f"{r['quality_weight_norm']:>13.3f}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- a planted judge on text
+
+
+_WORDS = ("the", "answer", "covers", "this", "point", "with", "care", "and", "some", "detail", "about", "it")
+
+
+class PlantedWorld:
+    """Calibration pairs of *text* responses drawn from the toy run's world, for testing the
+    audit: each response has a hidden quality vector x (utility ``u = w.x``) and a length
+    feature L that sets its length in characters (``base_chars + chars_per_unit * L``);
+    humans label by Bradley-Terry on u, as in :class:`_Chain`. A fraction ``list_rate`` of
+    responses is written as a bulleted list (no effect on u)."""
+
+    def __init__(self, n: int, *, seed: int = 0, dim: int = 12, w_norm: float = 1.5, base_chars: int = 240,
+                 chars_per_unit: int = 40, list_rate: float = 0.0, source: str = "planted"):
+        from pofe.data.calibration import CalibrationItem
+
+        rng = np.random.default_rng(seed)
+        w = rng.standard_normal(dim)
+        self.w = w * (w_norm / np.linalg.norm(w))
+        self.base_chars, self.chars_per_unit = base_chars, chars_per_unit
+        self.utility: dict[str, float] = {}
+        self.items = []
+        for i in range(n):
+            texts, us = [], []
+            for side in "ab":
+                u = float(rng.standard_normal(dim) @ self.w)
+                ln = float(rng.standard_normal())
+                texts.append(self._text(f"r{i}{side}", max(24, int(round(base_chars + chars_per_unit * ln))),
+                                        bool(rng.random() < list_rate)))
+                us.append(u)
+                self.utility[texts[-1]] = u
+            label = "A" if rng.random() < sigmoid(us[0] - us[1]) else "B"
+            self.items.append(CalibrationItem(f"question {i}", texts[0], texts[1], label, source, f"{source}:{i}"))
+
+    @staticmethod
+    def _text(tag: str, chars: int, as_list: bool) -> str:
+        words, k = [f"[{tag}]"], 0
+        while len(" ".join(words)) < chars:
+            words.append(_WORDS[k % len(_WORDS)])
+            k += 1
+        text = " ".join(words)[:chars]
+        if as_list:  # same characters, three bullet lines
+            third = len(text) // 3
+            text = "- " + text[:third] + "\n- " + text[third:2 * third] + "\n- " + text[2 * third:]
+        return text
+
+    def length_unit(self, text: str) -> float:
+        return (len(text) - self.base_chars) / self.chars_per_unit
+
+
+class PlantedJudge:
+    """A programmatic judge with known biases, queried in both orders with fresh noise:
+    ``logit(first better) = du + position_bias + length_weight * dL + list_weight * dList + eps``
+    with ``eps ~ N(0, noise^2)`` (the toy run's judge, seed "A toy run"). Texts the world does
+    not know (contrast variants) have utility 0, or -3 when under 20 characters (an empty
+    answer is bad)."""
+
+    def __init__(self, world: PlantedWorld, *, position_bias: float = 0.6, length_weight: float = 0.8,
+                 list_weight: float = 0.0, noise: float = 0.6, seed: int = 0, judge_id: str = "planted"):
+        self.world = world
+        self.position_bias, self.length_weight, self.list_weight, self.noise = position_bias, length_weight, list_weight, noise
+        self.rng = np.random.default_rng(seed)
+        self.id = judge_id
+
+    def _u(self, text: str) -> float:
+        if text in self.world.utility:
+            return self.world.utility[text]
+        return -3.0 if len(text.strip()) < 20 else 0.0
+
+    def _logit(self, first: str, second: str) -> float:
+        is_list = lambda t: float(t.lstrip().startswith("- "))  # noqa: E731
+        return (self._u(first) - self._u(second) + self.position_bias
+                + self.length_weight * (self.world.length_unit(first) - self.world.length_unit(second))
+                + self.list_weight * (is_list(first) - is_list(second)) + self.noise * float(self.rng.standard_normal()))
+
+    def judge(self, prompts, responses_a, responses_b, *, references=None):
+        from pofe.records import Judgment
+
+        out = []
+        for a, b in zip(responses_a, responses_b):
+            p_ab = float(sigmoid(self._logit(a, b)))
+            p_ba = 1.0 - float(sigmoid(self._logit(b, a)))
+            out.append(Judgment(p=0.5 * (p_ab + p_ba), p_ab=p_ab, p_ba=p_ba, consistent=(p_ab > 0.5) == (p_ba > 0.5),
+                                parse_ok=True, judge_id=self.id))
+        return out

@@ -104,9 +104,20 @@ def spearman(a, b) -> float | None:
 def bootstrap_ci(
     values: np.ndarray, statistic=np.mean, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over resampled rows of ``values``."""
+    """Percentile bootstrap interval of ``statistic`` over resampled rows of ``values``.
+
+    The mean of values in [0, 1] (a rate; ties as 1/2) gets the Wilson score interval
+    instead: a percentile bootstrap of 12 wins in 12 resamples nothing but wins and prints
+    [1.000, 1.000], while Wilson gives [0.757, 1.0] (``winrate.wilson_interval``). With no
+    rows the interval is (0, 1).
+    """
     values = np.asarray(values)
     n = len(values)
+    if statistic is np.mean and (n == 0 or (np.issubdtype(values.dtype, np.number) and values.ndim == 1
+                                            and np.all((values >= 0) & (values <= 1)))):
+        from pofe.evaluation.winrate import wilson_interval
+
+        return wilson_interval(float(values.sum()) if n else 0.0, n, level)
     if n == 0:
         return (float("nan"), float("nan"))
     rng = np.random.default_rng(seed)

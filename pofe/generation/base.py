@@ -85,8 +85,10 @@ class Generator(Protocol):
 
     name: str
 
-    def generate(self, prompts: Prompts, n: int, sampling: SamplingConfig,
-                 seed: int | None = None) -> list[list[Completion]]: ...
+    def generate(self, prompts: Prompts, n: int, sampling: SamplingConfig, seed: int | None = None, *,
+                 chat_template: bool = True) -> list[list[Completion]]:
+        """``chat_template=False``: string prompts are raw completion prompts (own special tokens)."""
+        ...
 
     def sync(self) -> float:
         """Make the engine generate with the bound model's current weights; returns seconds."""

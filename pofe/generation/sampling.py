@@ -30,13 +30,18 @@ def generate(
     n: int = 1,
     sampling: SamplingConfig | None = None,
     seed: int | None = None,
+    chat_template: bool = True,
 ) -> list[list[Completion]]:
     """Sample ``n`` completions for each prompt from ``model``'s current weights; returns one
-    list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf or vllm)."""
+    list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf or vllm).
+
+    ``chat_template=False``: string prompts are raw completion prompts (tokenised as is, with
+    the tokenizer's own special tokens), e.g. a few-shot list the model should continue
+    rather than answer (Self-Instruct)."""
     from pofe.generation.base import make_generator
 
     sampling = sampling or SamplingConfig()
-    return make_generator(model, tokenizer, sampling).generate(prompts, n, sampling, seed)
+    return make_generator(model, tokenizer, sampling).generate(prompts, n, sampling, seed, chat_template=chat_template)
 
 
 class HFGenerator:
@@ -57,7 +62,7 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
-                 seed: int | None = None) -> list[list[Completion]]:
+                 seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
         model, tokenizer = self.model, self.tokenizer
         sampling = sampling or SamplingConfig()
         if seed is not None:
@@ -72,8 +77,8 @@ class HFGenerator:
         try:
             for start in range(0, len(prompts), sampling.batch_size):
                 chunk = prompts[start : start + sampling.batch_size]
-                texts = [_render(tokenizer, p) for p in chunk]
-                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
+                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
                 do_sample = sampling.temperature > 0
                 # Greedy decoding gives n identical samples: decode once and repeat (transformers
                 # refuses num_return_sequences > 1 without sampling).

@@ -2,13 +2,17 @@
 Step 1"; Wang et al. 2023).
 
 A model is few-shot prompted with 8 tasks -- 6 from the seed prompts, 2 from prompts generated
-earlier (filled from the seeds while there are fewer than 2) -- in the Self-Instruct template
-for non-classification tasks, and continues the list. Decoding T = 0.6, top-p 0.9.
+in *earlier iterations* (filled from the seeds while there are fewer than 2; never from this
+iteration's own outputs, so a round cannot feed on itself) -- in the Self-Instruct template
+for non-classification tasks, and continues the list. Decoding T = 0.6, top-p 0.9. The
+prompt is a raw completion prompt (:func:`completion_fn`), not wrapped in the chat template.
 
 Every candidate goes through the Self-Instruct filters, in this order, and the first one that
 rejects it is counted (nothing is dropped silently):
 
 ``empty``       nothing left after extraction;
+``preamble``    a chat model's lead-in instead of a task ("Sure, here are the tasks:",
+                "Here are some more instructions:");
 ``too_short`` / ``too_long``  word-count bounds (Self-Instruct: more than 3 and at most 150 words);
 ``format``      starts with punctuation or a non-ASCII character (Self-Instruct's heuristic);
 ``blocklist``   contains a blocklisted keyword (tasks a text model cannot do: images, files, ...);
@@ -29,8 +33,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from pydantic import Field
+
 from pofe.config import PofeConfig
-from pofe.generation.sampling import SamplingConfig
+from pofe.generation.sampling import SamplingConfig, generate
 
 # Self-Instruct's keyword filter (yizhongw/self-instruct, bootstrap_instructions.py): tasks
 # that need a modality a language model lacks.
@@ -45,25 +51,28 @@ HEADER = "Come up with a series of tasks:"
 class SelfInstructConfig(PofeConfig):
     """How new prompts are generated and filtered each iteration."""
 
-    num_prompts: int = 64
+    num_prompts: int = Field(64, ge=1)
     """Prompts to keep per iteration (generation stops once reached)."""
-    max_generations: int | None = None
+    max_generations: int | None = Field(None, ge=1)
     """Cap on few-shot generate calls; default 4 x num_prompts (a model that only produces
     rejects must not loop forever)."""
-    num_examples: int = 8
+    num_examples: int = Field(8, ge=1)
     """Demonstrations per few-shot prompt (paper: 8)."""
-    num_machine_examples: int = 2
+    num_machine_examples: int = Field(2, ge=0)
     """Of those, how many come from previously generated prompts (paper: 2; the rest from seeds)."""
     model: str | None = None
     """Prompt generator: null = the current model M_t; or a name / path of a fixed model
     (the paper uses Llama 2-Chat 70B "for time efficiency")."""
     sampling: SamplingConfig = SamplingConfig(temperature=0.6, top_p=0.9, max_new_tokens=96, batch_size=8)
-    rouge_threshold: float = 0.7
+    """Paper: T 0.6, top-p 0.9."""
+    rouge_threshold: float = Field(0.7, ge=0.0, le=1.0)
     """Reject when ROUGE-L F1 with any existing prompt is >= this (Self-Instruct: 0.7)."""
-    min_words: int = 4
+    min_words: int = Field(4, ge=0)
     """Keep prompts with at least this many words (Self-Instruct: more than 3)."""
-    max_words: int = 150
+    max_words: int = Field(150, ge=1)
+    """Keep prompts with at most this many words (Self-Instruct: 150)."""
     blocklist: list[str] = list(SELF_INSTRUCT_BLOCKLIST)
+    """Reject tasks with these words (Self-Instruct's keyword filter: images, files, ...)."""
 
 
 # ----------------------------------------------------------------------------- prompt
@@ -85,8 +94,9 @@ def _one_line(text: str) -> str:
 
 
 def sample_examples(seeds: Sequence[str], machine: Sequence[str], cfg: SelfInstructConfig, rng: random.Random) -> list[str]:
-    """``num_examples`` demonstrations: ``num_machine_examples`` generated ones (when that many
-    exist) and the rest from the seeds, shuffled so the generated ones are not always last."""
+    """``num_examples`` demonstrations: ``num_machine_examples`` generated ones (from
+    ``machine``, the earlier iterations' pool, when that many exist) and the rest from the
+    seeds, shuffled so the generated ones are not always last."""
     k_machine = min(cfg.num_machine_examples, len(machine))
     k_seed = min(cfg.num_examples - k_machine, len(seeds))
     out = rng.sample(list(seeds), k_seed) + rng.sample(list(machine), k_machine)
@@ -176,6 +186,21 @@ class RougeFilter:
         return best, arg
 
 
+# A chat model answering the few-shot list instead of continuing it opens with a lead-in.
+_PREAMBLE_OPENER = re.compile(
+    r"(?i)^\W*(?:sure|certainly|of course|absolutely|okay|ok|alright|great|happy to help|no problem|"
+    r"i(?:'d| would| will|'ll) (?:be happy|gladly)|here(?:'s| is| are)|below (?:is|are))\b")
+_LEAD_IN = re.compile(r"(?i)\b(?:tasks?|instructions?|prompts?|list|examples?|ideas?)\b[^.?!]*:\s*$")
+
+
+def is_preamble(text: str) -> bool:
+    """A lead-in rather than a task: a conversational opener ("Sure, ...", "Here are ...") or a
+    line announcing a list of tasks and ending with a colon. A task that ends with a colon
+    because its input follows ("Translate the sentence below:") is not one."""
+    t = text.strip()
+    return bool(_PREAMBLE_OPENER.match(t) or _LEAD_IN.search(t))
+
+
 def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -200,6 +225,8 @@ class InstructionFilter:
         words = text.split()
         if not words:
             return "empty"
+        if is_preamble(text):
+            return "preamble"
         if len(words) < self.cfg.min_words:
             return "too_short"
         if len(words) > self.cfg.max_words:
@@ -221,7 +248,7 @@ class InstructionFilter:
 
 # ----------------------------------------------------------------------------- loop
 
-REJECT_REASONS = ("empty", "too_short", "too_long", "format", "blocklist", "duplicate", "rouge")
+REJECT_REASONS = ("empty", "preamble", "too_short", "too_long", "format", "blocklist", "duplicate", "rouge")
 
 
 def generate_prompts(
@@ -236,7 +263,9 @@ def generate_prompts(
     """Generate up to ``cfg.num_prompts`` new prompts.
 
     ``generate_fn(few_shot_prompts, sampling, seed) -> continuations`` (one per prompt).
-    ``machine``: prompts generated in earlier iterations (demonstrations and ROUGE pool).
+    ``machine``: prompts generated in earlier iterations: the only source of "generated"
+    demonstrations (this call's own outputs are not shown back to the model) and part of the
+    ROUGE pool.
     ``avoid``: other prompts new ones must not be near-duplicates of (held-out sets).
     Returns the kept prompts and counts: ``generations`` (generate calls' outputs),
     ``candidates`` (extracted), ``kept``, ``no_task`` (outputs with nothing extractable),
@@ -247,7 +276,7 @@ def generate_prompts(
         raise ValueError("self-instruct needs at least one seed prompt")
     rng = random.Random(seed)
     filt = InstructionFilter(cfg, list(seeds) + list(machine) + list(avoid))
-    machine_pool = list(machine)
+    machine_pool = list(machine)  # fixed for this call: demonstrations come from earlier iterations only
     kept: list[str] = []
     stats: dict[str, Any] = {"generations": 0, "candidates": 0, "kept": 0, "no_task": 0, "surplus": 0,
                              "rejected": {r: 0 for r in REJECT_REASONS}}
@@ -255,7 +284,7 @@ def generate_prompts(
     round_ = 0
     while len(kept) < cfg.num_prompts and stats["generations"] < cap:
         bs = min(cfg.sampling.batch_size, cap - stats["generations"])
-        fewshot = [build_fewshot_prompt(sample_examples(seeds, machine_pool + kept, cfg, rng)) for _ in range(bs)]
+        fewshot = [build_fewshot_prompt(sample_examples(seeds, machine_pool, cfg, rng)) for _ in range(bs)]
         outs = generate_fn(fewshot, cfg.sampling, seed + round_)
         round_ += 1
         stats["generations"] += len(outs)
@@ -276,3 +305,14 @@ def generate_prompts(
                     stats["rejected"][reason] += 1
     stats["kept"] = len(kept)
     return kept, stats
+
+
+def completion_fn(model, tokenizer) -> Callable[[list[str], SamplingConfig, int], list[str]]:
+    """The ``generate_fn`` of :func:`generate_prompts` for a local model: each few-shot prompt
+    is a *raw completion* prompt. Wrapped in the chat template, an instruction-tuned model
+    answers the list ("Sure, here are the tasks:") instead of continuing it (3 of 3 kept
+    prompts were such preambles with SmolLM2-Instruct)."""
+    def fn(fewshot: list[str], sampling: SamplingConfig, seed: int) -> list[str]:
+        return [g[0].text for g in generate(model, tokenizer, fewshot, n=1, sampling=sampling, seed=seed,
+                                            chat_template=False)]
+    return fn

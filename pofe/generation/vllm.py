@@ -352,13 +352,14 @@ class VLLMGenerator:
 
     @torch.no_grad()
     def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
-                 seed: int | None = None) -> list[list[Completion]]:
+                 seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
         sampling = sampling or SamplingConfig(engine="vllm")
         lora_request = self._ensure_current()
         if seed is None:  # follow torch's RNG, so seed_everything makes vLLM samples reproducible too
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         tok = self.tokenizer
-        ids = [tuple(tok(_render(tok, p), add_special_tokens=False)["input_ids"]) for p in prompts]
+        ids = [tuple(tok(_render(tok, p) if chat_template else p, add_special_tokens=not chat_template)["input_ids"])
+               for p in prompts]
         # One request per prompt with its own seed: prompts draw independent streams.
         params = [self.sampling_params(n, sampling, seed + i) for i in range(len(prompts))]
         outs = self.engine.generate(ids, params, lora_request=lora_request)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
 from pofe.judges.base import check_batch
 from pofe.records import Judgment, Score

@@ -8,17 +8,25 @@ The judge (``pofe.judges``, kind ``llm`` with a constitution) does the reading, 
 principle sampling and the caching; this loop samples the pairs, calls it in batches and
 writes:
 
+* ``pairs.jsonl`` -- the sampled (prompt, response_a, response_b) triples, written before any
+  judging, so ``--resume`` labels exactly the same pairs;
 * ``labels.jsonl`` -- one row per pair: prompt, both responses, p, per-order p_ab / p_ba,
   consistency, parse status, principle id, constitution version, template id and hash,
-  judge id, whether it came from the cache;
+  judge id, whether it came from the cache, ``text_fallback`` (the verdict was read from
+  generated text because the endpoint gave no log-probabilities: a hard 0/1 label, not a
+  probability) and ``dropped`` (why the pair is not in preferences.jsonl, or null);
 * ``preferences.jsonl`` -- :class:`~pofe.records.PreferencePair` rows oriented so the
-  judge's favourite is ``chosen`` and ``p = max(p, 1 − p)`` (what ``pofe rm`` and DPO read);
+  judge's favourite is ``chosen`` and ``p = max(p, 1 − p)`` (what ``pofe rm`` and DPO read),
+  after the label filter (``filter:``, issue 13: order-inconsistent pairs and pairs with
+  |p − ½| under a margin can be dropped; every drop is counted in the summary);
+* ``metrics.jsonl`` -- one row per judged batch (``log:``; a progress bar shows the batches);
 * ``summary.json`` -- the judge-fitness numbers the seed asks for before any reward model
   is trained ("Validate the judge before you validate anything else"): position
   consistency, first-position win rate, correlation of p with the length difference, the
   histogram of p, throughput (labels/s) and cache hits/misses.
 
-Re-running on the same inputs is free: every ordered read is in the judge's SQLite cache.
+Re-running on the same inputs is free: every ordered read is in the judge's SQLite cache;
+``--resume RUN_DIR`` continues an interrupted run after its last complete labels row.
 """
 
 from __future__ import annotations
@@ -27,20 +35,18 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from pydantic import Field, field_validator
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
 from pofe.judges.registry import JudgeConfig
-from pofe.models import DEFAULT_MODEL
 from pofe.records import Judgment, PreferencePair
-from pofe.runs import (
-    JsonlWriter,
-    RunConfig,
-    atomic_write_text,
-    new_run_dir,
-    write_config,
-)
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training import ModelConfig
+from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
 
@@ -56,34 +62,55 @@ class LabelJudgeConfig(JudgeConfig):
     constitution: str | None = "hhh"
 
 
-class LabelSamplingConfig(SamplingConfig):
-    """Sampling of the two responses. Seed: "temperature around 1.0" so the two samples differ."""
+class LabelFilterConfig(PofeConfig):
+    """Which labelled pairs go to preferences.jsonl (issue 13, label hygiene). All pairs stay in
+    labels.jsonl with the reason they were dropped; the summary counts every drop.
 
-    max_new_tokens: int = 64
-    temperature: float = 1.0
+    Default: keep every parsed pair. Soft-label consumers (``pofe rm``, soft DPO) already give
+    a near-½ pair a near-zero target margin, so dropping it would only remove the information
+    "no clear preference"; hard-label consumers should set ``min_margin`` and/or
+    ``drop_inconsistent`` (seed: "drop pairs where the two orders disagree ... if you need
+    clean labels")."""
+
+    drop_inconsistent: bool = False
+    """Drop pairs whose two orders prefer different responses (position bias decided the label)."""
+    min_margin: float = Field(0.0, ge=0.0, le=0.5)
+    """Drop pairs with |p − ½| below this (0 keeps all; 0.1 keeps p ≤ 0.4 or p ≥ 0.6)."""
 
 
 class LabelConfig(PofeConfig):
     """``pofe label`` (RL-CAI preference labels)."""
 
-    policy: str = DEFAULT_MODEL
-    """Model that samples the two responses (the SL-CAI model in the CAI pipeline)."""
-    trust_remote_code: bool = False
+    model: ModelConfig = ModelConfig()
+    """Model that samples the two responses (the SL-CAI model in the CAI pipeline); LoRA does not apply."""
     prompts: str = "hh-rlhf:harmless"
     """Prompt source: a file or advbench, xstest[:safe|:unsafe], hh-rlhf:harmless, hh-rlhf:helpful."""
-    max_prompts: int | None = 32
+    max_prompts: int | None = Field(32, ge=1)
+    """Use at most this many prompts (or pairs with ``pairs``); null: all."""
     pairs: str | None = None
     """Label existing pairs instead of sampling: a jsonl with prompt, response_a, response_b
     (or prompt, chosen, rejected)."""
-    sampling: LabelSamplingConfig = LabelSamplingConfig()
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=1.0)
+    """Sampling of the two responses. Seed: "temperature around 1.0" so the two samples differ."""
     judge: LabelJudgeConfig = LabelJudgeConfig()
-    batch_size: int = 16
+    """The feedback model (any pairwise judge)."""
+    batch_size: int = Field(16, ge=1)
     """Pairs per judge call."""
-    drop_inconsistent: bool = False
-    """Leave order-inconsistent pairs out of preferences.jsonl (seed: "drop pairs where the two
-    orders disagree ... if you need clean labels"); they stay in labels.jsonl."""
+    filter: LabelFilterConfig = LabelFilterConfig()
+    """Label hygiene: which labelled pairs go to preferences.jsonl."""
+    log: LogConfig = LogConfig()
+    """metrics.jsonl per judged batch, optional TensorBoard / W&B / MLflow, progress bar."""
     seed: int = 0
+    """Seeds the sampling of the pairs."""
     run: RunConfig = RunConfig()
+    """Where the run folder goes."""
+
+    @field_validator("model")
+    @classmethod
+    def _no_lora(cls, v: ModelConfig) -> ModelConfig:
+        if v.lora.enabled:
+            raise ValueError("model.lora: pofe label only samples from the model, LoRA settings do not apply")
+        return v
 
 
 # ----------------------------------------------------------------------------- core logic
@@ -95,7 +122,7 @@ def label_row(prompt: str, a: str, b: str, j: Judgment) -> dict[str, Any]:
         "p": j.p, "p_ab": j.p_ab, "p_ba": j.p_ba, "consistent": j.consistent, "parse_ok": j.parse_ok,
         "principle_id": j.principle_id, "constitution_version": j.constitution_version,
         "template_id": j.template_id, "template_hash": j.template_hash, "judge_id": j.judge_id,
-        "cached": j.cached, "hard_label_fallback": j.hard_label_fallback,
+        "cached": j.cached, "text_fallback": j.hard_label_fallback,
         "raw": list(j.raw),  # per-order generated text (the reasoning, with chain-of-thought)
         "extra": {k: v for k, v in (j.extra or {}).items() if isinstance(v, (str, int, float, bool, list, type(None)))},
     }
@@ -113,11 +140,24 @@ def to_preference(row: dict[str, Any]) -> PreferencePair | None:
         return None
     a, b = row["response_a"], row["response_b"]
     chosen, rejected, q = (a, b, p) if p >= 0.5 else (b, a, 1.0 - p)
-    prov = {k: row[k] for k in ("judge_id", "principle_id", "constitution_version", "template_id", "template_hash",
-                                "p_ab", "p_ba", "consistent")}
+    prov = {k: row.get(k) for k in ("judge_id", "principle_id", "constitution_version", "template_id", "template_hash",
+                                    "p_ab", "p_ba", "consistent", "text_fallback")}
     prov["source"] = "pofe-label"
     prov["swapped"] = p < 0.5
     return PreferencePair(prompt=row["prompt"], chosen=chosen, rejected=rejected, p=float(q), provenance=prov)
+
+
+def drop_reason(row: dict[str, Any], filt: LabelFilterConfig) -> str | None:
+    """Why a labelled row stays out of preferences.jsonl: ``unparsed`` (no label: never
+    invented), ``inconsistent`` (the two orders disagree, with ``filter.drop_inconsistent``)
+    or ``margin`` (|p − ½| < ``filter.min_margin``); None keeps it."""
+    if row["p"] is None:
+        return "unparsed"
+    if filt.drop_inconsistent and row["consistent"] is False:
+        return "inconsistent"
+    if round(abs(row["p"] - 0.5), 9) < filt.min_margin:  # rounded: 0.5 - 0.4 is 0.0999... in floats
+        return "margin"
+    return None
 
 
 def label_stats(rows: Sequence[dict[str, Any]], *, bins: int = 10) -> dict[str, Any]:
@@ -166,17 +206,11 @@ def sample_pairs(model, tokenizer, prompts: Sequence[str], sampling: SamplingCon
     return [(x, g[0].text, g[1].text) for x, g in zip(prompts, outs)]
 
 
-def read_pairs(path: str) -> list[tuple[str, str, str]]:
-    from pofe.runs import read_jsonl
+def read_pairs(path: str | Path) -> list[tuple[str, str, str]]:
+    """Pairs to label, read strictly by the data layer (a bad row anywhere is a located error)."""
+    from pofe.data.preferences import load_unlabelled_pairs
 
-    out = []
-    for r in read_jsonl(path):
-        a = r.get("response_a", r.get("chosen"))
-        b = r.get("response_b", r.get("rejected"))
-        if a is None or b is None:
-            raise ValueError(f"{path}: each row needs response_a/response_b (or chosen/rejected), got keys {sorted(r)}")
-        out.append((r["prompt"], a, b))
-    return out
+    return load_unlabelled_pairs(path)
 
 
 def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -> dict[str, Any]:
@@ -189,53 +223,95 @@ def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -
 
 # ----------------------------------------------------------------------------- the command
 
-def run(cfg: LabelConfig, *, policy=None, tokenizer=None, judge=None) -> dict[str, Any]:
-    """Setup -> sample + label loop -> save. Returns the summary (also ``summary.json``)."""
-    from pofe.judges.registry import build_judge
-    from pofe.loops.rlaif_data import load_prompts
-    from pofe.training import seed_everything
-
-    # --- setup
-    seed_everything(cfg.seed)
-    run_dir = new_run_dir(cfg.run, "label")
-    write_config(run_dir, cfg)
-    judge = judge if judge is not None else build_judge(cfg.judge)
-    t0 = time.perf_counter()
+def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=None) -> list[tuple[str, str, str]]:
+    """The pairs to label, saved to ``pairs.jsonl`` once (a resumed run reads them back instead
+    of sampling again). Identical samples carry no preference (oat masks them out too): they
+    are kept in pairs.jsonl and skipped by the loop."""
+    saved = run_dir / "pairs.jsonl"
+    if saved.exists():
+        return read_pairs(saved)
     if cfg.pairs:
-        pairs = read_pairs(cfg.pairs)
-        if cfg.max_prompts is not None:
-            pairs = pairs[: cfg.max_prompts]
+        pairs = read_pairs(cfg.pairs)[: cfg.max_prompts]
     else:
+        from pofe.data.prompts import load_prompt_texts as load_prompts
+
         prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
         if policy is None:
             from pofe.models import load_model
 
-            policy, tokenizer = load_model(cfg.policy, trust_remote_code=cfg.trust_remote_code)
+            policy, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         pairs = sample_pairs(policy, tokenizer, prompts, cfg.sampling, cfg.seed)
+    atomic_write_text(saved, "".join(json.dumps({"prompt": x, "response_a": a, "response_b": b}, ensure_ascii=False) + "\n"
+                                     for x, a, b in pairs))
+    return pairs
+
+
+def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, tokenizer=None, judge=None) -> dict[str, Any]:
+    """Setup -> sample + label loop -> save. Returns the summary (also ``summary.json``).
+
+    ``resume``: a run folder to continue after its last complete labels row (``cfg`` is its saved config)."""
+    from pofe.judges.registry import build_judge
+    from pofe.training import seed_everything
+    from pofe.training.resume import rewind_metrics
+
+    # --- setup
+    if cfg.pairs and resume is None:
+        read_pairs(cfg.pairs)  # a bad pairs file fails before any run folder exists
+    run_dir = open_run(cfg.run, "label", resume=resume)
+    if resume is None:
+        write_config(run_dir, cfg)
+    seed_everything(cfg.seed)
+    judge = judge if judge is not None else build_judge(cfg.judge)
+    t0 = time.perf_counter()
+    pairs = prepare_pairs(cfg, run_dir, policy=policy, tokenizer=tokenizer)
     sample_s = time.perf_counter() - t0
-    # Identical samples carry no preference (oat masks them out too); count, don't label.
     identical = sum(a.strip() == b.strip() for _, a, b in pairs)
     pairs = [(x, a, b) for x, a, b in pairs if a.strip() != b.strip()]
-    log.info("label: %d pairs (%d identical dropped), judge %s", len(pairs), identical, getattr(judge, "id", "?"))
+    # Resume: the labels rows already written (a torn last line is dropped) are kept, and
+    # preferences.jsonl is rebuilt from them, so no pair is labelled or written twice.
+    labels_file = run_dir / "labels.jsonl"
+    rows: list[dict[str, Any]] = read_jsonl(labels_file) if resume is not None and labels_file.exists() else []
+    done = len(rows)
+    atomic_write_text(run_dir / "labels.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    prefs = [to_preference(r) for r in rows if r.get("dropped") is None]
+    atomic_write_text(run_dir / "preferences.jsonl", "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n"
+                                                             for q in prefs if q is not None))
+    n_batches = -(-len(pairs) // cfg.batch_size)
+    rewind_metrics(run_dir / "metrics.jsonl", done // cfg.batch_size)
+    log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(pairs), identical, done,
+             getattr(judge, "id", "?"))
 
     # --- loop: judge in batches, write as we go
-    rows: list[dict[str, Any]] = []
     judgments: list[Judgment] = []
     t1 = time.perf_counter()
-    n_pref = 0
-    with JsonlWriter(run_dir / "labels.jsonl") as lw, JsonlWriter(run_dir / "preferences.jsonl") as pw:
-        for start in range(0, len(pairs), cfg.batch_size):
-            chunk = pairs[start : start + cfg.batch_size]
-            js = judge.judge([x for x, _, _ in chunk], [a for _, a, _ in chunk], [b for _, _, b in chunk])
-            for (x, a, b), j in zip(chunk, js):
-                row = label_row(x, a, b, j)
-                rows.append(row)
-                judgments.append(j)
-                lw.write(row)
-                pair = to_preference(row)
-                if pair is not None and not (cfg.drop_inconsistent and row["consistent"] is False):
-                    pw.write(pair.to_dict())
-                    n_pref += 1
+    sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json"))
+    bar = Progress(cfg.log, total=n_batches, initial=done // cfg.batch_size, desc="pofe label",
+                   show=(("mean_p", "p", "{:.2f}"), ("consistency_rate", "consistent", "{:.2f}")))
+    try:
+        with JsonlWriter(run_dir / "labels.jsonl") as lw, JsonlWriter(run_dir / "preferences.jsonl") as pw:
+            for start in range(done, len(pairs), cfg.batch_size):
+                chunk = pairs[start : start + cfg.batch_size]
+                js = judge.judge([x for x, _, _ in chunk], [a for _, a, _ in chunk], [b for _, _, b in chunk])
+                batch_rows = []
+                for (x, a, b), j in zip(chunk, js):
+                    row = label_row(x, a, b, j)
+                    row["dropped"] = drop_reason(row, cfg.filter)
+                    batch_rows.append(row)
+                    judgments.append(j)
+                    lw.write(row)
+                    if row["dropped"] is None:
+                        pw.write(to_preference(row).to_dict())
+                rows += batch_rows
+                st = label_stats(batch_rows)
+                m = {"step": start // cfg.batch_size + 1, "pairs": len(batch_rows), "parsed": st["parsed"],
+                     "mean_p": st["mean_p"], "consistency_rate": st["consistency_rate"],
+                     "dropped": sum(r["dropped"] is not None for r in batch_rows),
+                     "text_fallback": sum(bool(r["text_fallback"]) for r in batch_rows)}
+                sink.write(m)
+                bar.update(m)
+    finally:
+        bar.close()
+        sink.close()
     judge_s = time.perf_counter() - t1
 
     # --- save
@@ -243,17 +319,22 @@ def run(cfg: LabelConfig, *, policy=None, tokenizer=None, judge=None) -> dict[st
     from pofe.judges.summary import summarize_judgments
 
     judge_summary = summarize_judgments(judgments, seconds=judge_s)
+    dropped = {k: sum(r.get("dropped") == k for r in rows) for k in ("unparsed", "inconsistent", "margin")}
     summary = {
         "run_dir": str(run_dir),
         "judge": getattr(judge, "id", cfg.judge.kind),
         **stats,
         "identical_dropped": identical,
-        "preference_pairs": n_pref,
+        "filter": {**cfg.filter.model_dump(), "dropped": dropped},
+        "text_fallback_labels": sum(bool(r.get("text_fallback")) for r in rows),
+        "preference_pairs": sum(r.get("dropped") is None for r in rows),
+        "resumed_after": done if resume is not None else None,
         "cache": cache_counts(judgments, judge_summary),
         "judge_summary": judge_summary,
         "seconds": {"sample": round(sample_s, 3), "judge": round(judge_s, 3)},
-        "labels_per_second": round(len(rows) / judge_s, 3) if judge_s > 0 else None,
-        "files": {"labels": str(run_dir / "labels.jsonl"), "preferences": str(run_dir / "preferences.jsonl")},
+        "labels_per_second": round(len(judgments) / judge_s, 3) if judge_s > 0 else None,
+        "files": {"labels": str(run_dir / "labels.jsonl"), "preferences": str(run_dir / "preferences.jsonl"),
+                  "pairs": str(run_dir / "pairs.jsonl")},
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary

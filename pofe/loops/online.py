@@ -17,39 +17,36 @@ updates: the policy that labels is up to K-1 updates stale), ``offline`` (pairs 
 preference file: the baseline OAIF is compared against). Steering the objective is only a
 change of ``judge.template`` (Sec. 4.6: helpful -> helpful-short -> helpful-very-short).
 
-The run folder holds ``config.yaml``, ``metrics.jsonl``, ``ledger.jsonl`` (every annotation,
-appended the moment it exists), ``eval/`` (win rates vs the initial policy),
-``checkpoints/step-N`` (exact resume) and ``final/`` (``save_pretrained``).
-This module reads top to bottom: config -> sample & annotate -> evaluate -> run (setup ->
-loop -> save); the logic lives in small functions the tests call directly.
+Run folder: ``config.yaml``, ``metrics.jsonl``, ``ledger.jsonl`` (every annotation, appended
+the moment it exists; row schemas in :mod:`pofe.training.ledger`), ``eval/`` (win rates vs the
+initial policy), ``checkpoints/step-N`` (exact resume), ``final/`` (``save_pretrained``).
+This module reads top to bottom: config -> the three modes' pairs -> run (setup -> loop ->
+save). Sampling, labelling, the DAP update, metrics and data-parallel plumbing live in
+:mod:`pofe.training` (``online_pairs``, ``dap``, ``metrics``, ``ledger``, ``parallel``).
 
 Data parallel (built on accelerate; each process samples and labels its own prompts, the
 gradients are all-reduced, process 0 writes the run folder)::
 
-    torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set train.device=cpu  # CPU, gloo (tested)
+    torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
     accelerate launch --num_processes 8 -m pofe.cli.main online --config C.yaml                # GPUs, DDP
     accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # DeepSpeed ZeRO-1/2
 
-A step then uses ``processes x train.batch_size x train.grad_accum`` prompts. FSDP and
-ZeRO-3 shard the parameters, and sampling from the current policy needs them whole, so
-they are refused with a clear error rather than hanging.
+A step uses ``processes x train.batch_size x train.grad_accum`` prompts. FSDP / ZeRO-3 are
+refused (sampling from the current policy needs whole parameters).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import signal
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal
 
-import torch
+from pydantic import Field, model_validator
 
 from pofe.config import PofeConfig
 from pofe.data.preferences import load_preferences
@@ -57,14 +54,20 @@ from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
 from pofe.generation import SamplingConfig, generate, make_generator
 from pofe.judges.registry import JudgeConfig, build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
-from pofe.models import apply_chat_template, resolve_model_path
-from pofe.records import Completion, Judgment, Prompt
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
-from pofe.training import (ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint, load_policy,
-                           make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final,
-                           seed_everything)
-from pofe.loops.dap import TokenPair, dap_backward
-from pofe.loops.metrics import step_metrics, summarise
+from pofe.models import resolve_model_path
+from pofe.evaluation.vs_initial import evaluate_vs_initial
+from pofe.records import Completion, Prompt
+from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, fault_point, final_complete,
+                           latest_checkpoint, load_checkpoint, load_policy, make_optimizer, make_scheduler,
+                           prune_checkpoints, save_checkpoint, save_final, seed_everything)
+from pofe.training.dap import TokenPair, dap_backward, tokenize_pair
+from pofe.training.ledger import loss_row, offset, resume_files
+from pofe.training.metrics import step_metrics, summarise
+from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
+                                        prompt_input, sample_and_annotate, zero_counts)
+from pofe.training.parallel import gather, make_accelerator, reduce_sum, step_seed, weights_identical
+from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
@@ -76,8 +79,10 @@ class LossSettings(PofeConfig):
     """The DAP loss (OAIF Eq. 1-3)."""
 
     name: Literal["dpo", "ipo", "slic"] = "dpo"
-    beta: float | None = None
-    """None = the paper's value for the loss (Sec. 4.1): DPO 0.1, IPO 1.0, SLiC 0.002."""
+    """dpo (Eq. 1), ipo (Eq. 2) or slic (Eq. 3)."""
+    beta: float | None = Field(None, gt=0)
+    """None = the paper's value for the loss (Sec. 4.1): DPO 0.1, IPO 1.0, SLiC 0.002. Must be
+    > 0: a negative beta trains *against* the judge while the loss looks normal."""
     labels: Literal["hard", "soft"] = "hard"
     """hard: y+ = the response the judge prefers (the paper; exact ties p = 0.5 are skipped and
     counted). soft: train towards P(y1 > y2) = p itself (Bradley-Terry cross-entropy for DPO)."""
@@ -88,29 +93,32 @@ class LossSettings(PofeConfig):
 
 
 class TrainSettings(PofeConfig):
-    steps: int = 40
+    """Optimisation loop sizes."""
+
+    steps: int = Field(40, ge=1)
     """Optimiser steps."""
-    batch_size: int = 4
+    batch_size: int = Field(4, ge=1)
     """Prompts per micro-batch per process (one pair per prompt)."""
-    grad_accum: int = 1
+    grad_accum: int = Field(1, ge=1)
     """Micro-batches per optimiser step; prompts per step per process = batch_size * grad_accum."""
-    samples_per_prompt: int = 2
+    samples_per_prompt: int = Field(2, ge=2)
     """Responses sampled per prompt (OAIF: 2). With more, all pairs are judged and the best
     vs worst (by mean win probability) is trained on."""
-    iterative_every: int = 4
+    iterative_every: int = Field(4, ge=1)
     """mode=iterative: regenerate and relabel every K steps (K=1 is online)."""
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto = CUDA when available. Data-parallel runs come from torchrun / accelerate launch."""
 
 
 class DataSettings(PofeConfig):
+    """Training and held-out data."""
+
     prompts: str | None = None
     """Prompt-only data (JSONL/TXT/CSV/parquet or a datasets name); None = built-in prompts."""
     prompt_field: str | None = None
     """Field holding the prompt (default: the first of prompt/instruction/question/text/input/messages)."""
     split: str | None = None
-    max_prompts: int | None = None
+    """Split of a datasets name."""
+    max_prompts: int | None = Field(None, ge=1)
+    """Use at most this many prompts (None = all)."""
     eval_prompts: str | None = None
     """Held-out prompts for the win rate; None = split off eval.num_prompts from data.prompts."""
     preferences: str | None = None
@@ -118,10 +126,14 @@ class DataSettings(PofeConfig):
 
 
 class EvalSettings(PofeConfig):
-    every: int = 0
+    """Win rate of the current policy against the initial one on held-out prompts."""
+
+    every: int = Field(0, ge=0)
     """Win rate vs the initial policy every N steps (0 = only at the end)."""
     enabled: bool = True
-    num_prompts: int = 16
+    """false: no evaluation at all."""
+    num_prompts: int = Field(16, ge=0)
+    """Held-out prompts."""
     judge: JudgeConfig | None = None
     """Evaluation judge; None = the training judge. OAIF evaluates with a different model to
     avoid rewarding the annotator's quirks (Sec. 4.1: Gemini Pro judges, PaLM 2 annotates)."""
@@ -129,223 +141,109 @@ class EvalSettings(PofeConfig):
     """Greedy by default so that the win rate does not depend on sampling luck."""
 
 
-class CheckpointSettings(PofeConfig):
-    every: int = 0
-    """Checkpoint every N steps (0 = only at the end)."""
-    keep_last: int = 2
-
-
 class OnlineConfig(PofeConfig):
     """``pofe online`` (OAIF Algorithm 1)."""
 
     mode: Literal["online", "iterative", "offline"] = "online"
+    """online (Algorithm 1), iterative (relabel every train.iterative_every steps) or offline
+    (pairs from data.preferences: the baseline)."""
+    seed: int = 0
+    """Seeds LoRA init, prompt order, held-out split and every step's sampling."""
     model: ModelConfig = ModelConfig()
+    """The policy; its initial weights are the reference pi_0."""
     judge: JudgeConfig = JudgeConfig()
     """The annotator (any judge kind: llm, llamacpp, openai, length, reward-model, ...)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=48, temperature=0.9)
+    """How training responses are sampled (OAIF Sec. 4.1: T = 0.9)."""
     loss: LossSettings = LossSettings()
+    """The DAP loss."""
+    labels: LabelSettings = LabelSettings()
+    """Label hygiene: which judge labels are trained on."""
     optim: OptimConfig = OptimConfig()
+    """Optimiser and schedule (OAIF Sec. 4.1)."""
     train: TrainSettings = TrainSettings()
+    """Steps and batch sizes."""
     data: DataSettings = DataSettings()
+    """Prompts, held-out prompts, the offline preference file."""
     eval: EvalSettings = EvalSettings()
+    """Win rate vs the initial policy."""
     checkpoint: CheckpointSettings = CheckpointSettings()
+    """Resumable checkpoints."""
     log: LogConfig = LogConfig()
+    """metrics.jsonl, TensorBoard / W&B / MLflow, the progress bar."""
     run: RunConfig = RunConfig()
+    """Where the run folder goes."""
+
+    @model_validator(mode="after")
+    def _sampling_must_vary(self) -> "OnlineConfig":
+        if self.mode != "offline" and not self.sampling.temperature > 0:
+            raise ValueError("sampling.temperature must be > 0 for online feedback: greedy samples of a prompt "
+                             "are identical")
+        return self
 
 
-# ============================================================================ sample & annotate
+# ============================================================================ the three modes' pairs
 
-@dataclass
-class Annotation:
-    """One judged (or skipped) pair of sampled responses: a ledger row in the making."""
-
-    pair_id: str
-    step: int
-    prompt: Prompt
-    a: Completion
-    b: Completion
-    judgment: Judgment | None  # None when not judged (identical responses)
-    selected: bool = True  # False: a round-robin comparison only used for ranking (n > 2)
-
-
-def _prompt_input(p: Prompt):
-    return list(p.messages) if p.messages else p.text
+def offline_pairs(lp: LoopState, step: int) -> StepPairs:
+    """Pairs from the fixed preference file (the OAIF baseline); min_margin applies to soft p."""
+    world, rank = lp.acc.num_processes, lp.acc.process_index
+    counts = zero_counts()
+    drawn = lp.cursor.take(world * lp.n_prompts)[rank::world]
+    kept = [pp for pp in drawn if not below_margin(pp.p, lp.cfg.labels.min_margin)]
+    toks = [tokenize_pair(lp.tok, pp, lp.tok.eos_token_id, lp.tok_cache, lp.cfg.loss.labels) for pp in kept]
+    pairs = [t for t in toks if t is not None]
+    counts.update(trained=len(pairs), ties=len(toks) - len(pairs), low_margin=len(drawn) - len(kept))
+    return StepPairs(pairs, counts)
 
 
-def sample_and_annotate(policy, tokenizer, judge, prompts: Sequence[Prompt], *, n: int, sampling: SamplingConfig,
-                        step: int, rank: int = 0, judge_context: Callable = contextlib.nullcontext,
-                        times: dict[str, float] | None = None) -> list[Annotation]:
-    """Steps 2-3 of Algorithm 1 for a batch of prompts (the caller seeds the RNG).
-
-    All ``n`` samples of all prompts come from one batched ``generate`` (KV cache), and all
-    non-identical pairs go to the judge in one call (the judge scores both orders in one
-    batch). Pairs with identical responses are not judged: they carry no preference and
-    would give a zero DAP gradient (h = 0), so they are masked out and counted.
-    """
-    times = times if times is not None else {}
-    t0 = time.perf_counter()
-    groups = generate(policy, tokenizer, [_prompt_input(p) for p in prompts], n=n, sampling=sampling)
-    times["generate"] = times.get("generate", 0.0) + time.perf_counter() - t0
-    cands: list[Annotation] = []
-    for i, (prompt, g) in enumerate(zip(prompts, groups)):
-        for j in range(n):
-            for k in range(j + 1, n):
-                cands.append(Annotation(f"s{step}-r{rank}-{len(cands)}", step, prompt, g[j], g[k], None, n == 2))
-    todo = [c for c in cands if c.a.text != c.b.text]
-    t1 = time.perf_counter()
-    if todo:
-        with judge_context():
-            verdicts = judge.judge([c.prompt.text for c in todo], [c.a.text for c in todo], [c.b.text for c in todo],
-                                   references=[c.prompt.reference for c in todo])
-        for c, v in zip(todo, verdicts):
-            c.judgment = v
-    times["judge"] = times.get("judge", 0.0) + time.perf_counter() - t1
-    if n > 2:
-        _select_best_vs_worst(cands, n)
-    return cands
+def _label_fresh(lp: LoopState, step: int, k: int) -> StepPairs:
+    """Sample and annotate prompts for the next ``k`` steps from the current policy; label
+    them into ``k`` slices of the buffer; write every annotation to the ledger now, before
+    training (a crash loses nothing labelled)."""
+    cfg, acc = lp.cfg, lp.acc
+    rank, world, n = acc.process_index, acc.num_processes, lp.n_prompts * k
+    batch = lp.cursor.take(world * n)[rank * n:(rank + 1) * n]
+    out = StepPairs([], zero_counts())
+    anns = sample_and_annotate(acc.unwrap_model(lp.ddp_policy), lp.tok, lp.judge, batch, n=cfg.train.samples_per_prompt,
+                               sampling=cfg.sampling, step=step, rank=rank, judge_context=lp.judge_ctx, times=out.times)
+    per, rows = len(anns) // k, []
+    for s in range(k):  # one slice of annotations per coming step
+        p_s, c_s, rows_s = label_annotations(anns[s * per:(s + 1) * per], cfg.loss.labels, rank, cfg.labels)
+        lp.buffer.append(p_s)
+        out.counts = {key: out.counts[key] + c_s[key] for key in out.counts}
+        rows.extend(rows_s)
+    distinct = {id(c): c for a in anns for c in (a.a, a.b)}.values()  # n > 2 repeats samples in pairs
+    out.gen = (sum(c.num_tokens for c in distinct), sum(len(c.text) for c in distinct),
+               len(batch) * cfg.train.samples_per_prompt)
+    out.rows = [r for rs in gather(acc, rows) for r in rs]
+    if lp.ledger is not None:
+        for r in out.rows:
+            lp.ledger.write(r)
+    return out
 
 
-def _select_best_vs_worst(cands: list[Annotation], n: int) -> None:
-    """Mark, per prompt, the (best, worst) comparison by mean round-robin win probability."""
-    per = n * (n - 1) // 2
-    for start in range(0, len(cands), per):
-        group = cands[start:start + per]
-        wins = [[] for _ in range(n)]
-        index = [(j, k) for j in range(n) for k in range(j + 1, n)]
-        for (j, k), c in zip(index, group):
-            if c.judgment is not None and c.judgment.p is not None:
-                wins[j].append(c.judgment.p)
-                wins[k].append(1.0 - c.judgment.p)
-        score = [sum(w) / len(w) if w else None for w in wins]
-        scored = [i for i in range(n) if score[i] is not None]
-        if len(scored) < 2:
-            group[0].selected = True  # nothing usable: keep one row so the skip is counted
-            continue
-        best = max(scored, key=lambda i: score[i])
-        worst = min(scored, key=lambda i: score[i])
-        if best == worst:
-            group[0].selected = True
-            continue
-        j, k = min(best, worst), max(best, worst)
-        group[index.index((j, k))].selected = True
+def online_pairs(lp: LoopState, step: int) -> StepPairs:
+    """Algorithm 1: fresh samples from pi_theta_t, labelled now, trained on now."""
+    out = _label_fresh(lp, step, 1)
+    out.pairs = lp.buffer.pop(0)
+    out.counts["trained"] = len(out.pairs)
+    return out
 
 
-def label(ann: Annotation, labels: str) -> TokenPair | str:
-    """The training pair of an annotation, or why it is skipped: identical / unlabelled /
-    ties (hard labels only). Labels are never invented: a judge's p=None is skipped."""
-    if ann.a.text == ann.b.text:
-        return "identical"
-    if ann.judgment is None or ann.judgment.p is None:
-        return "unlabelled"
-    p = float(ann.judgment.p)
-    a, b = ann.a, ann.b
-    if p < 0.5:  # orient so chosen = the preferred response (the soft losses are symmetric)
-        a, b, p = b, a, 1.0 - p
-    if labels == "hard":
-        if p == 0.5:
-            return "ties"
-        p = 1.0
-    return TokenPair(a.prompt_token_ids, a.token_ids, b.token_ids, p, ann.pair_id)
+def iterative_pairs(lp: LoopState, step: int) -> StepPairs:
+    """Every K steps: sample and label K steps' worth of prompts at once; in between, train on
+    the buffered slices (the labelling policy is up to K-1 updates stale)."""
+    out = _label_fresh(lp, step, lp.cfg.train.iterative_every) if not lp.buffer else StepPairs([], zero_counts())
+    out.pairs = lp.buffer.pop(0)
+    out.counts["trained"] = len(out.pairs)
+    return out
 
 
-def ledger_row(ann: Annotation, rank: int, status: str) -> dict[str, Any]:
-    j = ann.judgment
-    row = {
-        "kind": "annotation", "pair_id": ann.pair_id, "step": ann.step, "rank": rank,
-        "prompt_id": ann.prompt.id, "prompt": ann.prompt.text,
-        "response_a": ann.a.text, "response_b": ann.b.text,
-        "len_a": ann.a.num_tokens, "len_b": ann.b.num_tokens,
-        "p": None, "p_ab": None, "p_ba": None, "consistent": None, "parse_ok": None,
-        "judge_id": None, "template_id": None, "template_hash": None, "principle_id": None,
-        "status": status, "selected": ann.selected,
-    }
-    if j is not None:
-        row.update(p=j.p, p_ab=j.p_ab, p_ba=j.p_ba, consistent=j.consistent, parse_ok=j.parse_ok,
-                   judge_id=j.judge_id, template_id=j.template_id, template_hash=j.template_hash,
-                   principle_id=j.principle_id, cached=j.cached, latency_s=round(j.latency_s, 4))
-    return row
+MODES: dict[str, Callable[[LoopState, int], StepPairs]] = {"online": online_pairs, "iterative": iterative_pairs,
+                                                        "offline": offline_pairs}
 
 
-def label_annotations(anns: Sequence[Annotation], labels: str, rank: int) -> tuple[list[TokenPair], dict[str, int], list[dict]]:
-    pairs, counts, rows = [], {"annotations": len(anns), "trained": 0, "identical": 0, "unlabelled": 0, "ties": 0}, []
-    for ann in anns:
-        out = label(ann, labels) if ann.selected else "ranking"
-        if isinstance(out, TokenPair):
-            pairs.append(out)
-            counts["trained"] += 1
-            status = "trained"
-        else:
-            status = out
-            if out in counts:
-                counts[out] += 1
-        rows.append(ledger_row(ann, rank, status))
-    return pairs, counts, rows
-
-
-def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard") -> TokenPair | None:
-    """Offline pairs: tokenise once (cached by text) in the same layout as sampled ones:
-    chat-rendered prompt ids + response ids + EOS. Labels follow the same rule as online
-    ones (oriented to the preferred response; hard: p -> 1, a tie p = 0.5 gives None)."""
-    chosen, rejected, p = pair.chosen, pair.rejected, float(pair.p)
-    if p < 0.5:
-        chosen, rejected, p = rejected, chosen, 1.0 - p
-    if labels == "hard":
-        if p == 0.5:
-            return None
-        p = 1.0
-
-    def ids(text: str, prompt: bool) -> tuple[int, ...]:
-        key = (prompt, text)
-        if key not in cache:
-            if prompt:
-                cache[key] = tuple(tokenizer(apply_chat_template(tokenizer, text), add_special_tokens=False)["input_ids"])
-            else:
-                cache[key] = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos_id,)
-        return cache[key]
-    return TokenPair(ids(pair.prompt, True), ids(chosen, False), ids(rejected, False), p,
-                     str(pair.provenance.get("pair_id") or pair.provenance.get("source", "")))
-
-
-# ============================================================================ evaluation
-
-def winrate(judge, prompts: Sequence[Prompt], current: Sequence[Completion], initial: Sequence[Completion],
-            judge_context: Callable = contextlib.nullcontext) -> tuple[dict[str, int], list[dict]]:
-    """Win / tie / loss counts of the current policy (A) against the initial one (B); the
-    judge scores both orders. Identical responses are ties without a judge call; a judge
-    p=None is counted as unlabelled and left out of the rate."""
-    counts = {"wins": 0, "ties": 0, "losses": 0, "unlabelled": 0}
-    rows = [{"prompt": p.text, "current": c.text, "initial": i.text, "len_current": c.num_tokens,
-             "len_initial": i.num_tokens, "p": None} for p, c, i in zip(prompts, current, initial)]
-    todo = [k for k, r in enumerate(rows) if r["current"] != r["initial"]]
-    verdicts = []
-    if todo:
-        with judge_context():
-            verdicts = judge.judge([prompts[k].text for k in todo], [rows[k]["current"] for k in todo],
-                                   [rows[k]["initial"] for k in todo], references=[prompts[k].reference for k in todo])
-    for k, v in zip(todo, verdicts):
-        rows[k]["p"] = v.p
-    for k, r in enumerate(rows):
-        if r["current"] == r["initial"]:
-            counts["ties"] += 1
-        elif r["p"] is None:
-            counts["unlabelled"] += 1
-        else:
-            counts["wins" if r["p"] > 0.5 else "losses" if r["p"] < 0.5 else "ties"] += 1
-    return counts, rows
-
-
-def winrate_value(counts: dict[str, int]) -> float | None:
-    n = counts["wins"] + counts["ties"] + counts["losses"]
-    return (counts["wins"] + 0.5 * counts["ties"]) / n if n else None
-
-
-# ============================================================================ helpers
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Every step reseeds from (seed, step, rank): a resumed run samples exactly what the
-    uninterrupted one did, and each process samples different responses."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
-
+# ============================================================================ setup helpers
 
 def same_model(a: str, b: str) -> bool:
     try:
@@ -366,48 +264,6 @@ def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Referenc
     return build_judge(jcfg), contextlib.nullcontext
 
 
-def _gather(acc, obj) -> list:
-    """Objects from all processes (a list with one entry per process)."""
-    if acc.num_processes == 1:
-        return [obj]
-    from accelerate.utils import gather_object
-
-    return gather_object([obj])
-
-
-def _reduce_sum(acc, x: float) -> float:
-    if acc.num_processes == 1:
-        return float(x)
-    t = torch.tensor([float(x)], dtype=torch.float64, device=acc.device)
-    return float(acc.reduce(t, reduction="sum").item())
-
-
-def _fault(step: int, phase: str) -> None:
-    """Fault injection for the crash-resume tests: POFE_FAULT=STEP:PHASE sends SIGKILL to this
-    process (no cleanup, no flush beyond what the loop already did)."""
-    if os.environ.get("POFE_FAULT") == f"{step}:{phase}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def resume_files(run_dir: Path, step: int, ledger_offset: int) -> None:
-    """Make the run folder agree with the checkpoint at ``step``: ledger rows written after
-    it (labelled but not trained when the crash came) move to ``ledger.after-crash-*.jsonl``
-    (kept, never deleted); metrics rows after ``step`` are dropped (they will be recomputed
-    identically)."""
-    ledger = run_dir / "ledger.jsonl"
-    if ledger.exists() and ledger.stat().st_size > ledger_offset:
-        with open(ledger, "rb") as f:
-            f.seek(ledger_offset)
-            tail = f.read()
-        (run_dir / f"ledger.after-crash-{int(time.time())}.jsonl").write_bytes(tail)
-        with open(ledger, "rb+") as f:
-            f.truncate(ledger_offset)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
-        atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
-
-
 def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
     """Training items (prompts, or preference pairs in offline mode) and held-out prompts for
     the win rate (``data.eval_prompts``, else a seeded split of ``data.prompts`` or of the
@@ -418,7 +274,7 @@ def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
         held = {p.text for p in eval_prompts}
         train_prompts = [p for p in prompts if p.text not in held]
     else:
-        train_prompts, eval_prompts = split_heldout(prompts, cfg.eval.num_prompts if cfg.eval.enabled else 0, cfg.train.seed)
+        train_prompts, eval_prompts = split_heldout(prompts, cfg.eval.num_prompts if cfg.eval.enabled else 0, cfg.seed)
     if cfg.mode == "offline":
         if not cfg.data.preferences:
             raise ValueError("mode=offline needs data.preferences (a prompt/chosen/rejected file)")
@@ -426,51 +282,32 @@ def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
     return train_prompts, eval_prompts
 
 
-def _accelerator(cfg: OnlineConfig):
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType
-
-    cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
-    acc = Accelerator(cpu=cpu)
-    ds = getattr(acc.state, "deepspeed_plugin", None)
-    if acc.distributed_type == DistributedType.FSDP or (ds is not None and getattr(ds, "zero_stage", 0) == 3):
-        raise NotImplementedError("pofe online samples from the current policy, which needs whole parameters: "
-                                  "use DDP or DeepSpeed ZeRO-1/2 (FSDP and ZeRO-3 shard them)")
-    return acc
-
-
 def _eval_now(cfg: OnlineConfig, step: int) -> bool:
     return cfg.eval.enabled and (step == cfg.train.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0))
 
 
-# ============================================================================ the loop
+# ============================================================================ run: setup -> loop -> save
 
 def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, tokenizer=None, judge=None,
         eval_judge=None, require_audit: str | Path | None = None) -> dict[str, Any]:
     """Run OAIF Algorithm 1 (or its offline / iterative variants); returns the summary.
 
     Args:
-        resume: a run folder to continue from its latest checkpoint (config from ``cfg``).
+        resume: a run folder to continue from its latest checkpoint (the CLI reads its config).
         model, tokenizer: an in-memory policy instead of loading ``cfg.model.name``.
         judge, eval_judge: in-memory judges instead of building ``cfg.judge`` / ``cfg.eval.judge``.
         require_audit: an audit report of the annotator; refuse to train (``AuditError``)
             unless it passed for this very judge.
     """
     # ------------------------------------------------------------------ setup
-    if cfg.mode != "offline" and cfg.sampling.temperature <= 0:
-        raise ValueError("sampling.temperature must be > 0 for online feedback: greedy samples of a prompt are identical")
     offline = cfg.mode == "offline"
     items, eval_prompts = load_data(cfg)  # first: a bad file fails in a second, before any run folder
-    acc = _accelerator(cfg)
+    acc = make_accelerator(cfg.model.device)  # data-parallel runs come from torchrun / accelerate launch
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
-    if resume is not None:
-        run_dir = Path(resume)
-    else:
-        run_dir = _gather(acc, str(new_run_dir(cfg.run, "online")) if main else None)[0]
-        run_dir = Path(run_dir)
+    run_dir = Path(gather(acc, str(open_run(cfg.run, "online", resume=resume)) if main else None)[0])
     if main:
         write_config(run_dir, cfg)
-    seed_everything(cfg.train.seed)  # same LoRA init on every process
+    seed_everything(cfg.seed)  # same LoRA init on every process
     policy, tok = load_policy(cfg.model, model=model, tokenizer=tokenizer)
     policy.to(acc.device)
     policy.train()
@@ -491,12 +328,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     # Built before the judges so that a vLLM judge of the same model shares its engine.
     engine = make_generator(acc.unwrap_model(ddp_policy), tok, cfg.sampling)
     sync_every, last_sync = cfg.sampling.vllm.sync_every, start
-    loss_fn, beta, n_prompts = get_loss(cfg.loss.name), cfg.loss.beta_value, cfg.train.batch_size * cfg.train.grad_accum
-
-    cursor = PromptCursor(items, cfg.train.seed, int(state.get("cursor", 0)))  # each process slices every draw
-    eos_id = tok.eos_token_id
-    tok_cache: dict = {}
-    buffer: list[list[TokenPair]] = [[TokenPair.from_dict(d) for d in s] for s in state.get("buffer", {}).get(str(rank), [])]
+    loss_fn, beta = get_loss(cfg.loss.name), cfg.loss.beta_value
 
     # judges: the annotator (not needed offline) and the evaluation judge
     judge_ctx = eval_ctx = contextlib.nullcontext
@@ -514,12 +346,14 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     my_eval = eval_prompts[rank::world] if cfg.eval.enabled else []
     init_responses: list[Completion] = []
     if my_eval:  # the initial policy's responses, once (greedy: identical after a resume)
-        seed_everything(cfg.train.seed)
+        seed_everything(cfg.seed)
         with reference.model() as pi0:
-            init_responses = [g[0] for g in generate(pi0, tok, [_prompt_input(p) for p in my_eval], n=1, sampling=cfg.eval.sampling)]
+            init_responses = [g[0] for g in generate(pi0, tok, [prompt_input(p) for p in my_eval], n=1, sampling=cfg.eval.sampling)]
 
+    buffer = [[TokenPair.from_dict(d) for d in s] for s in state.get("buffer", {}).get(str(rank), [])]
+    lp = LoopState(cfg, acc, ddp_policy, tok, judge, judge_ctx, PromptCursor(items, cfg.seed, int(state.get("cursor", 0))),
+               buffer, JsonlWriter(run_dir / "ledger.jsonl") if main and not offline else None)
     sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json")) if main else None
-    ledger = JsonlWriter(run_dir / "ledger.jsonl") if main and not offline else None
     bar = Progress(cfg.log, total=cfg.train.steps, initial=start, desc=f"pofe {cfg.mode}", main=main,
                    show=(("loss", "loss", "{:.3f}"), ("mean_len", "len", "{:.1f}"), ("mean_p", "p", "{:.2f}"),
                          ("winrate_vs_init", "win", "{:.2f}")))
@@ -527,50 +361,22 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     # ------------------------------------------------------------------ loop (Algorithm 1)
     step = start
     for step in range(start + 1, cfg.train.steps + 1):
-        seed_everything(step_seed(cfg.train.seed, step, rank))
+        seed_everything(step_seed(cfg.seed, step, rank))
         t_step = time.perf_counter()
-        times: dict[str, float] = {}
-        anns_rows: list[dict] = []
-        counts = {"annotations": 0, "trained": 0, "identical": 0, "unlabelled": 0, "ties": 0}
-        gen_tokens = gen_chars = samples = 0
         staleness = step - 1 - last_sync  # optimiser steps the sampling weights lag behind (hf: 0)
-
-        # 1-3. prompts -> two samples from pi_theta_t -> AI feedback (or pairs from the file)
-        if offline:
-            drawn = [tokenize_pair(tok, pp, eos_id, tok_cache, cfg.loss.labels) for pp in cursor.take(world * n_prompts)[rank::world]]
-            pairs = [pp for pp in drawn if pp is not None]
-            counts.update(trained=len(pairs), ties=len(drawn) - len(pairs))
-        else:
-            if not buffer:
-                k = cfg.train.iterative_every if cfg.mode == "iterative" else 1
-                batch = cursor.take(world * n_prompts * k)[rank * n_prompts * k:(rank + 1) * n_prompts * k]
-                anns = sample_and_annotate(acc.unwrap_model(ddp_policy), tok, judge, batch, n=cfg.train.samples_per_prompt,
-                                           sampling=cfg.sampling, step=step, rank=rank, judge_context=judge_ctx, times=times)
-                per = len(anns) // k
-                for s in range(k):  # one slice of annotations per coming step
-                    p_s, c_s, rows_s = label_annotations(anns[s * per:(s + 1) * per], cfg.loss.labels, rank)
-                    buffer.append(p_s)
-                    counts = {key: counts[key] + c_s[key] for key in counts}
-                    anns_rows.extend(rows_s)
-                samples = len(batch) * cfg.train.samples_per_prompt
-                gen_tokens, gen_chars = _unique_lengths(anns)
-                # the ledger gets every annotation now, before training: a crash loses nothing labelled
-                rows_all = [r for rs in _gather(acc, anns_rows) for r in rs]
-                if ledger is not None:
-                    for r in rows_all:
-                        ledger.write(r)
-                anns_rows = rows_all
-            pairs = buffer.pop(0)
-            counts["trained"] = len(pairs)
-        _fault(step, "after_judge")
+        sp = MODES[cfg.mode](lp, step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
+        times, pairs = sp.times, sp.pairs
+        fault_point(f"{step}:after_judge")
 
         # 4. the DAP update on this process's pairs; gradients averaged over processes
-        n_global = _reduce_sum(acc, len(pairs))
+        n_global = reduce_sum(acc, len(pairs))
         grad_norm, res = None, None
         if n_global > 0:
             res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                                normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward,
                                no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, device=acc.device)
+            for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
+                check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
             t_opt = time.perf_counter()
             if cfg.optim.grad_clip:
                 grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
@@ -589,21 +395,19 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         times["step"] = time.perf_counter() - t_step
 
         # log: per-pair losses to the ledger, one metrics row, the progress bar
-        pair_stats = [ps for r in _gather(acc, res.pairs if res else []) for ps in r]
-        g_counts = {k: int(_reduce_sum(acc, v)) for k, v in counts.items()}
-        g_tokens, g_chars, g_samples = (_reduce_sum(acc, x) for x in (gen_tokens, gen_chars, samples))
+        pair_stats = [ps for r in gather(acc, res.pairs if res else []) for ps in r]
+        g_counts = {k: int(reduce_sum(acc, v)) for k, v in sp.counts.items()}
+        g_tokens, g_chars, g_samples = (int(reduce_sum(acc, x)) for x in sp.gen)
         if main:
-            if ledger is not None:
-                for ps in pair_stats:
-                    ledger.write({"kind": "loss", "pair_id": ps.pair_id, "step": step, "loss": ps.loss,
-                                  "margin": ps.margin, "p": ps.p})
-            row = step_metrics(step=step, annotations=anns_rows, pairs=pair_stats, counts=g_counts, times=times,
-                               gen_tokens=int(g_tokens), gen_chars=int(g_chars), num_samples=int(g_samples), lr=lr,
-                               grad_norm=grad_norm)
+            for ps in pair_stats if lp.ledger is not None else ():
+                lp.ledger.write(loss_row(ps, step))
+            row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=g_counts, times=times,
+                               gen_tokens=g_tokens, gen_chars=g_chars, num_samples=g_samples, lr=lr, grad_norm=grad_norm)
             row.update(engine=engine.name, time_sync=times.get("sync", 0.0), staleness=max(0, staleness),
                        engine_syncs=getattr(engine, "syncs", 0))
         if _eval_now(cfg, step):
-            ev = _evaluate(cfg, acc, ddp_policy, tok, eval_judge, eval_ctx, my_eval, init_responses, run_dir, step)
+            ev = evaluate_vs_initial(acc, acc.unwrap_model(ddp_policy), tok, eval_judge, eval_ctx, my_eval, init_responses,
+                                     sampling=cfg.eval.sampling, seed=cfg.seed, run_dir=run_dir, step=step)
             if main:
                 row.update(ev)
         if main:
@@ -612,87 +416,36 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
 
         # checkpoint: everything an exact resume needs, written atomically
         if step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0):
-            buffers = _gather(acc, [[p.to_dict() for p in s] for s in buffer])
+            buffers = gather(acc, [[p.to_dict() for p in s] for s in lp.buffer])
             if main:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{step}", model=acc.unwrap_model(ddp_policy),
                                 optimizer=optimizer, scheduler=scheduler, step=step,
-                                state={"cursor": cursor.position, "ledger_offset": _offset(run_dir / "ledger.jsonl"),
+                                state={"cursor": lp.cursor.position, "ledger_offset": offset(run_dir / "ledger.jsonl"),
                                        "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": cfg.mode})
                 prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
             acc.wait_for_everyone()
-            _fault(step, "after_checkpoint")
+            fault_point(f"{step}:after_checkpoint")
 
     # ------------------------------------------------------------------ save
     bar.close()
     final_dir = run_dir / "final"
     if main:
-        if step > start or not final_dir.exists():
+        if step > start or not final_complete(final_dir):  # a torn final/ is rewritten from the checkpoint
             save_final(acc.unwrap_model(ddp_policy), tok, final_dir)
         sink.close()
-        if ledger is not None:
-            ledger.close()
+        if lp.ledger is not None:
+            lp.ledger.close()
     acc.wait_for_everyone()
-    # data parallel: every process must end with the same weights (gradients all-reduced)
-    digests = _gather(acc, weights_digest(acc.unwrap_model(ddp_policy))) if world > 1 else None
+    identical = weights_identical(acc, acc.unwrap_model(ddp_policy))  # data parallel: all-reduced -> equal
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     summary = summarise(rows, [r for r in rows if r.get("winrate_vs_init") is not None or "eval_wins" in r])
     summary.update(run_dir=str(run_dir), final_model=str(final_dir), mode=cfg.mode, loss=cfg.loss.name, beta=beta,
-                   labels=cfg.loss.labels, judge=None if offline else getattr(judge, "id", cfg.judge.kind),
+                   labels=cfg.loss.labels, label_filter=cfg.labels.model_dump(),
+                   judge=None if offline else getattr(judge, "id", cfg.judge.kind),
                    processes=world, resumed_from=start if resume is not None else None, engine=engine.name,
                    engine_syncs=getattr(engine, "syncs", 0), engine_sync_seconds=round(getattr(engine, "sync_seconds", 0.0), 3))
-    if digests is not None:
-        summary["weights_identical_across_processes"] = len(set(digests)) == 1
-        if len(set(digests)) != 1:
-            log.error("processes ended with different weights: %s", digests)
+    if identical is not None:
+        summary["weights_identical_across_processes"] = identical
     if main:
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
-
-
-def weights_digest(model) -> str:
-    """sha256 of the trainable weights (to check that data-parallel copies agree)."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        if p.requires_grad:
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _unique_lengths(anns: Sequence[Annotation]) -> tuple[int, int]:
-    """Total (tokens, characters) of the distinct sampled responses (n > 2 repeats them in pairs)."""
-    seen: dict[int, Completion] = {}
-    for a in anns:
-        seen[id(a.a)], seen[id(a.b)] = a.a, a.b
-    return sum(c.num_tokens for c in seen.values()), sum(len(c.text) for c in seen.values())
-
-
-def _offset(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def _evaluate(cfg, acc, ddp_policy, tok, judge, judge_ctx, prompts, init_responses, run_dir: Path, step: int) -> dict:
-    """Win rate of the current policy vs the initial one on held-out prompts (sharded over
-    processes, counts summed). Rows go to ``eval/step-N.jsonl``."""
-    t0 = time.perf_counter()
-    counts, rows = {"wins": 0, "ties": 0, "losses": 0, "unlabelled": 0}, []
-    mean_len = 0.0
-    if prompts:
-        with torch.random.fork_rng(devices=[]):  # evaluation must not move the training RNG
-            torch.manual_seed(cfg.train.seed + 1)
-            current = [g[0] for g in generate(acc.unwrap_model(ddp_policy), tok, [_prompt_input(p) for p in prompts],
-                                              n=1, sampling=cfg.eval.sampling)]
-        counts, rows = winrate(judge, prompts, current, init_responses, judge_context=judge_ctx)
-        mean_len = sum(c.num_tokens for c in current)
-    g = {k: int(_reduce_sum(acc, v)) for k, v in counts.items()}
-    n_eval, tot_len = _reduce_sum(acc, len(prompts)), _reduce_sum(acc, mean_len)
-    all_rows = [r for rs in _gather(acc, rows) for r in rs]
-    if acc.is_main_process:
-        path = run_dir / "eval" / f"step-{step}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with JsonlWriter(path) as w:
-            for r in all_rows:
-                w.write(r)
-    return {"winrate_vs_init": winrate_value(g), "eval_wins": g["wins"], "eval_ties": g["ties"],
-            "eval_losses": g["losses"], "eval_unlabelled": g["unlabelled"],
-            "eval_mean_len": tot_len / n_eval if n_eval else None, "time_eval": time.perf_counter() - t0}

@@ -7,8 +7,9 @@ prompt -> justification + "Score: N"), "loss computed only on target tokens", le
 SL-CAI (revisions as targets) through :func:`run`.
 
 Readable top to bottom: config -> data -> tokenise -> train (resumable at step granularity)
--> save. Nothing is truncated silently: examples longer than ``max_length`` tokens are
-dropped and counted.
+-> save (``<run_dir>/final``). Nothing is truncated silently: examples longer than
+``max_length`` tokens are dropped and counted. ``pofe sft --resume RUN_DIR`` continues from
+the run's own ``config.yaml`` and latest checkpoint.
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.data.prompts import DataError, PROMPT_FIELDS, load_rows
+from pofe.data.io import DataError
+from pofe.data.sft import RESPONSE_FIELDS, SFTExample, load_examples, to_example  # noqa: F401
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, new_run_dir, read_jsonl, write_config
+from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import (
     ModelConfig,
     OptimConfig,
+    check_finite,
+    fault_point,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -44,11 +49,11 @@ from pofe.training import (
     seed_everything,
     trainable_parameters,
 )
+from pofe.training.metrics import truncate_metrics
+from pofe.training.settings import CheckpointSettings
+from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
-
-RESPONSE_FIELDS = ("response", "output", "completion", "answer", "target")
-
 
 # ----------------------------------------------------------------------------- config
 
@@ -61,84 +66,54 @@ class SFTDataConfig(PofeConfig):
     eft: list[str] = []
     """Evaluation (LLM-as-a-Judge) files in the same shape: judge prompt -> justification +
     "Score: N" (written by ``pofe self-reward``'s EFT builder)."""
-    eft_max_ratio: float | None = None
+    eft_max_ratio: float | None = Field(None, ge=0)
     """Cap EFT examples at this multiple of the IFT count (null = use all; paper: 1630 EFT
     with 3200 IFT, i.e. about 0.5)."""
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
     """Use at most this many examples per file (for smoke runs)."""
-    max_length: int = 1024
+    max_length: int = Field(1024, ge=1)
     """Drop (and count) examples whose prompt + response exceed this many tokens."""
+
+
+class SFTTrainSettings(PofeConfig):
+    """Steps and batch sizes. Examples per optimiser step = batch_size x grad_accum (paper: 16);
+    the loss is the token mean over the whole optimiser batch whatever the split."""
+
+    steps: int | None = Field(None, ge=1)
+    """Optimiser steps; None = ``epochs`` passes over the data."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the data when ``steps`` is None."""
+    batch_size: int = Field(4, ge=1)
+    """Examples per forward pass."""
+    grad_accum: int = Field(4, ge=1)
+    """Forward passes per optimiser step."""
 
 
 class SFTConfig(PofeConfig):
     """``pofe sft``."""
 
+    seed: int = 0
+    """Seeds the model init (LoRA) and the per-epoch data order."""
     model: ModelConfig = ModelConfig()
+    """The model fine-tuned."""
     data: SFTDataConfig = SFTDataConfig()
+    """IFT (and EFT) files."""
     optim: OptimConfig = OptimConfig(lr=5.5e-6, warmup_steps=0, schedule="cosine", min_lr_ratio=0.2)
     """Paper: 5.5e-6 cosine-decayed to 1.1e-6 (= 0.2 x lr)."""
-    batch_size: int = 16
-    """Examples per optimiser step (paper: 16)."""
-    micro_batch_size: int = 4
-    """Examples per forward pass; gradients are accumulated up to ``batch_size`` (the loss is
-    the token mean over the whole batch either way)."""
-    epochs: float = 1.0
-    max_steps: int | None = None
-    """Overrides ``epochs`` when set."""
-    checkpoint_every: int = 100
-    """Optimiser steps between resumable checkpoints (0 = only at the end)."""
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    seed: int = 0
+    train: SFTTrainSettings = SFTTrainSettings()
+    """Steps and batch sizes."""
+    checkpoint: CheckpointSettings = CheckpointSettings(every=100)
+    """Resumable checkpoints; removed once ``final/`` is written."""
+    log: LogConfig = LogConfig()
+    """metrics.jsonl, TensorBoard / W&B / MLflow, the progress bar."""
     run: RunConfig = RunConfig()
-    resume: str | None = None
-    """A run folder to continue from its latest checkpoint."""
+    """Where the run folder goes."""
 
 
 # ----------------------------------------------------------------------------- data
 
-@dataclass(frozen=True)
-class SFTExample:
-    """A prompt (text or chat messages without the final answer) and its target response."""
-
-    prompt: str | tuple[dict[str, str], ...]
-    response: str
-    source: str = "ift"
-
-
-def example_from_row(row: Any, where: str, source: str = "ift") -> SFTExample:
-    """Read one training row; errors name the file and line."""
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with prompt and response fields")
-    if isinstance(row.get("messages"), list) and not any(isinstance(row.get(f), str) for f in PROMPT_FIELDS):
-        msgs = row["messages"]
-        if not msgs or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
-            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-        if msgs[-1]["role"] != "assistant" or len(msgs) < 2:
-            raise DataError(f"{where}: 'messages' must end with the assistant's answer")
-        return SFTExample(tuple({"role": m["role"], "content": m["content"]} for m in msgs[:-1]), msgs[-1]["content"], source)
-    if isinstance(row.get("instances"), list) and row["instances"] and "instruction" in row:  # Self-Instruct seed task
-        inst = row["instances"][0]
-        prompt = row["instruction"] + (f"\n\n{inst['input']}" if inst.get("input") else "")
-        return SFTExample(prompt, inst["output"], source)
-    prompt = next((row[f] for f in PROMPT_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
-    if prompt is not None and "instruction" in row and isinstance(row.get("input"), str) and row["input"].strip():
-        prompt = f"{row['instruction']}\n\n{row['input']}"  # Alpaca-style instruction + input
-    response = next((row[f] for f in RESPONSE_FIELDS if isinstance(row.get(f), str)), None)
-    if prompt is None or response is None:
-        raise DataError(f"{where}: need a prompt field ({'/'.join(PROMPT_FIELDS)}) and a response field "
-                        f"({'/'.join(RESPONSE_FIELDS)}); fields: {sorted(row)}")
-    return SFTExample(prompt, response, source)
-
-
-def load_examples(paths: Sequence[str], source: str, limit: int | None = None) -> list[SFTExample]:
-    out: list[SFTExample] = []
-    for path in paths:
-        if not Path(path).exists():
-            raise DataError(f"{source} file not found: {path}")
-        rows = [example_from_row(row, where, source) for where, row in load_rows(path)]
-        out.extend(rows[:limit] if limit else rows)
-    return out
+# The mapping from rows lives in the data layer (pofe.data.sft); the old names stay importable.
+example_from_row = to_example
 
 
 def load_sft_data(cfg: SFTDataConfig, seed: int = 0) -> tuple[list[SFTExample], dict[str, int]]:
@@ -209,29 +184,28 @@ def response_nll(model, items: Sequence[Tokenized], pad_token_id: int) -> tuple[
 
 # ----------------------------------------------------------------------------- loop
 
-def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExample] | None = None,
-        run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Fine-tune and save ``<run_dir>/model``; returns the summary (also ``summary.json``).
+def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokenizer=None,
+        examples: Sequence[SFTExample] | None = None, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Fine-tune and save ``<run_dir>/final``; returns the summary (also ``summary.json``).
 
+    ``resume``: a run folder to continue from its latest checkpoint (the CLI reads its config).
     ``model``/``tokenizer``: an in-memory model to train instead of loading ``cfg.model.name``.
     ``examples``: in-memory examples instead of ``cfg.data`` files (used by self-reward and CAI).
     ``run_dir``: write here (created if needed) instead of a fresh folder under ``cfg.run``;
-    an existing checkpoint there is resumed.
+    an existing checkpoint there is resumed (self-reward's stages).
     """
     t_start = time.time()
     # --- setup
-    if run_dir is None:
-        run_dir = Path(cfg.resume) if cfg.resume else new_run_dir(cfg.run, "sft")
-    run_dir = Path(run_dir)
-    if (run_dir / "summary.json").exists() and (run_dir / "model" / "config.json").exists():
+    if examples is None and not cfg.data.ift and not cfg.data.eft:
+        raise DataError("sft: no data; set data.ift (and optionally data.eft)")
+    run_dir = Path(run_dir) if run_dir is not None else open_run(cfg.run, "sft", resume=resume)
+    if (run_dir / "summary.json").exists() and (run_dir / "final" / "config.json").exists():
         log.info("sft: %s already finished; returning its summary", run_dir)
         return {**json.loads((run_dir / "summary.json").read_text()), "already_done": True}
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, cfg)
     seed_everything(cfg.seed)
     if examples is None:
-        if not cfg.data.ift and not cfg.data.eft:
-            raise DataError("sft: no data; set data.ift (and optionally data.eft)")
         examples, data_stats = load_sft_data(cfg.data, cfg.seed)
     else:
         examples = list(examples)
@@ -241,8 +215,10 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
     data, dropped = tokenize_examples(tok, examples, cfg.data.max_length)
     if not data:
         raise DataError(f"sft: no usable examples (dropped: {dropped})")
-    bs = min(cfg.batch_size, len(data)) if cfg.max_steps is None else cfg.batch_size
-    total = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * len(data) / bs))
+    t = cfg.train
+    per_step = t.batch_size * t.grad_accum
+    bs = min(per_step, len(data)) if t.steps is None else per_step  # an epoch never repeats an example
+    total = t.steps if t.steps is not None else max(1, math.ceil(t.epochs * len(data) / bs))
     optimizer = make_optimizer(policy, cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total)
     start = 0
@@ -250,51 +226,59 @@ def run(cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExa
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler)["step"]
         log.info("sft: resumed from %s at step %d", ckpt, start)
-        if (run_dir / "metrics.jsonl").exists():  # rows logged after the checkpoint are redone
-            rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) <= start]
-            atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    truncate_metrics(run_dir, start)  # rows logged after the checkpoint are redone, never duplicated
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     # --- train
     policy.train()
     losses: list[float] = []
-    first_loss = None
-    with JsonlWriter(run_dir / "metrics.jsonl") as metrics:
+    sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json"))
+    bar = Progress(cfg.log, total=total, initial=start, desc="pofe sft")
+    try:
         for step in range(start, total):
             idx = batch_indices(step, bs, len(data), cfg.seed)
             items = [data[i] for i in idx]
-            n_tok = sum(len(t.response_ids) for t in items)
+            n_tok = sum(len(x.response_ids) for x in items)
             optimizer.zero_grad(set_to_none=True)
             total_nll = 0.0
-            for k in range(0, len(items), cfg.micro_batch_size):
-                nll, _ = response_nll(policy, items[k : k + cfg.micro_batch_size], pad)
+            for k in range(0, len(items), t.batch_size):
+                nll, _ = response_nll(policy, items[k : k + t.batch_size], pad)
                 # Token-mean over the whole optimiser batch, whatever the micro-batching.
                 (nll / n_tok).backward()
                 total_nll += float(nll.detach())
+            grad_norm = None
             if cfg.optim.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), cfg.optim.grad_clip)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), cfg.optim.grad_clip))
             lr = optimizer.param_groups[0]["lr"]
+            check_finite(total_nll, step=step + 1, detail=f"examples {idx}")
             optimizer.step()
             scheduler.step()
             loss = total_nll / n_tok
-            first_loss = loss if first_loss is None else first_loss
             losses.append(loss)
             done = step + 1
-            if done % cfg.log_every == 0 or done == total or done == start + 1:
-                metrics.write({"step": done, "loss": loss, "lr": lr, "tokens": n_tok,
-                               "eft_share": sum(t.source == "eft" for t in items) / len(items)})
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
+            row = {"step": done, "loss": loss, "learning_rate": lr, "grad_norm": grad_norm, "num_tokens": n_tok,
+                   "eft_share": sum(x.source == "eft" for x in items) / len(items)}
+            sink.write(row)
+            bar.update(row)
+            fault_point(f"{done}:after_step")  # crash/resume suite: metrics written, no checkpoint yet
+            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total:
                 save_checkpoint(run_dir / "checkpoints" / f"step-{done}", model=policy, optimizer=optimizer,
                                 scheduler=scheduler, step=done)
-                prune_checkpoints(run_dir, cfg.keep_checkpoints)
+                prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
+                fault_point(f"{done}:after_checkpoint")  # crash/resume suite (POFE_FAULT)
+    finally:
+        bar.close()
+        sink.close()
 
     # --- save
     policy.eval()
-    model_dir = save_final(policy, tok, run_dir / "model")
+    final = save_final(policy, tok, run_dir / "final")
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("loss") is not None]
     summary = {
-        "run_dir": str(run_dir), "model_dir": str(model_dir), "steps": total, "resumed_from_step": start,
-        "examples": len(data), "data": data_stats, "dropped": dropped, "batch_size": bs,
-        "loss_first": first_loss, "loss_last": losses[-1] if losses else None,
+        "run_dir": str(run_dir), "final_model": str(final), "steps": total, "resumed_from_step": start,
+        "examples": len(data), "data": data_stats, "dropped": dropped, "examples_per_step": bs,
+        # from metrics.jsonl, so that a resumed run summarises the whole run
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "loss_last_mean": sum(losses[-5:]) / len(losses[-5:]) if losses else None,
         "seconds": round(time.time() - t_start, 2),
     }

@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
-import os
-import random
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any, Iterator, Literal
 
-import numpy as np
 import torch
+from pydantic import Field, model_validator
 
-from pofe.config import PofeConfig
+from pofe.config import NonNegativeFloat, NonNegativeInt, PofeConfig, PositiveFloat, PositiveInt
 from pofe.models import DEFAULT_MODEL, load_model
+from pofe.training.checkpoints import (CheckpointError, final_complete, latest_checkpoint, load_checkpoint,
+                                       prune_checkpoints, rng_state, save_checkpoint, save_final, seed_everything,
+                                       set_rng_state)
+from pofe.training.guards import (MultiProcessRefused, NonFiniteLoss, check_finite, fault_point,
+                                  require_single_process, world_size)
+
+__all__ = [
+    "LoraSettings", "ModelConfig", "OptimConfig", "apply_lora", "load_policy", "Reference", "trainable_parameters",
+    "make_optimizer", "make_scheduler", "CheckpointError", "final_complete", "latest_checkpoint", "load_checkpoint",
+    "prune_checkpoints", "rng_state", "save_checkpoint", "save_final", "seed_everything", "set_rng_state",
+    "MultiProcessRefused", "NonFiniteLoss", "check_finite", "fault_point", "require_single_process", "world_size",
+]
 
 
 class LoraSettings(PofeConfig):
@@ -30,38 +36,79 @@ class LoraSettings(PofeConfig):
     disabled, so no second copy of the model is held in memory."""
 
     enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    r: PositiveInt = 16
+    """Adapter rank (>= 1)."""
+    alpha: PositiveFloat = 32
+    """Scaling numerator: the update is scaled by alpha / r."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input, in [0, 1)."""
     target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or ``all-linear``."""
 
 
-class ModelConfig(PofeConfig):
-    """The policy (or any trained model)."""
+class DeviceConfig(PofeConfig):
+    """Where and in what dtype a model runs (``model:`` of commands whose models are named
+    elsewhere, e.g. ``pofe eval``'s policies)."""
+
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """auto = CUDA when present, then MPS, else CPU."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Weights dtype (bfloat16 on GPUs; float32 is the safe CPU default)."""
+
+
+class LoadConfig(DeviceConfig):
+    """A model used without training it (``pofe chat``)."""
 
     name: str = DEFAULT_MODEL
-    """Embedded name, Hugging Face id or local directory."""
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Embedded name, Hugging Face id or local directory (a saved ``adapter/`` folder works too)."""
     trust_remote_code: bool = False
     """Only enabled when asked: remote code runs arbitrary Python."""
+
+
+class ModelConfig(LoadConfig):
+    """The policy (or any trained model)."""
+
     gradient_checkpointing: bool = False
     """Trades compute for memory; off by default (it costs ~3x per step on CPU)."""
     lora: LoraSettings = LoraSettings()
+    """A new LoRA adapter on ``name`` (reference = the same weights with the adapter disabled)."""
+    adapter: str | None = None
+    """Continue training an existing LoRA adapter folder (e.g. ``runs/sft-1/final/adapter``) on
+    ``name``; the reference is the starting policy, base + this adapter (a frozen copy)."""
+
+    @model_validator(mode="after")
+    def _adapter_or_new_lora(self):
+        if self.adapter is not None and self.lora.enabled:
+            raise ValueError("model.adapter continues an existing adapter; model.lora.enabled would add a second, "
+                             "new one (set one of them)")
+        return self
 
 
 class OptimConfig(PofeConfig):
     """Optimiser and schedule (OAIF Sec. 4.1: Adafactor, lr 5e-7, 150 warm-up steps)."""
 
     name: Literal["adamw", "adafactor"] = "adamw"
-    lr: float = 5e-7
-    warmup_steps: int = 150
+    """Optimiser."""
+    lr: PositiveFloat = 5e-7
+    """Peak learning rate (> 0)."""
+    warmup_steps: NonNegativeInt = 150
+    """Linear warm-up steps (>= 0)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """After warm-up: constant (OAIF), or linear / cosine decay to ``min_lr_ratio * lr``."""
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the decay as a fraction of lr, in [0, 1]."""
+    weight_decay: NonNegativeFloat = 0.0
+    """Decoupled weight decay (>= 0)."""
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
-    """Max global grad norm; null disables clipping."""
+    """Adam moment coefficients, each in [0, 1)."""
+    grad_clip: PositiveFloat | None = 1.0
+    """Max global grad norm (> 0); null disables clipping."""
+
+    @model_validator(mode="after")
+    def _betas_in_range(self):
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must each be in [0, 1), got {list(self.betas)}")
+        return self
 
 
 def apply_lora(model, lora: LoraSettings):
@@ -73,13 +120,18 @@ def apply_lora(model, lora: LoraSettings):
 
 
 def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
-    """Load the policy (or wrap a given in-memory ``model``), apply LoRA when enabled."""
+    """Load the policy on ``cfg.device`` (or wrap a given in-memory ``model``); apply a new
+    LoRA adapter when enabled, or continue the existing ``cfg.adapter`` (trainable)."""
     if model is None:
-        model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    if cfg.lora.enabled:
+    if cfg.adapter is not None:
+        from pofe.models import load_adapter
+
+        model = load_adapter(model, cfg.adapter, trainable=True)
+    elif cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)
     return model, tokenizer
 
@@ -152,122 +204,3 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim
         return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * frac))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def _trainable_state_dict(model) -> dict[str, torch.Tensor]:
-    # Only what is trained (LoRA adapters, or everything for full fine-tuning).
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in names}
-
-
-def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, step: int,
-                    state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint atomically: a temporary directory renamed into place, so a crash
-    mid-write never leaves a checkpoint that resume would trust."""
-    from safetensors.torch import save_file
-
-    ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt_dir.name}-", dir=ckpt_dir.parent))
-    try:
-        sd = _trainable_state_dict(model)
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
-        extra = {"step": step, "rng": rng_state(), "state": state or {}}
-        if optimizer is not None:
-            extra["optimizer"] = optimizer.state_dict()
-        if scheduler is not None:
-            extra["scheduler"] = scheduler.state_dict()
-        torch.save(extra, tmp / "trainer_state.pt")
-        # meta.json is for humans and tools: scalars only (buffers etc. live in trainer_state.pt)
-        small = {k: v for k, v in (state or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **small}, default=str))
-        if ckpt_dir.exists():
-            shutil.rmtree(ckpt_dir)
-        os.replace(tmp, ckpt_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ckpt_dir
-
-
-def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict[str, Any]:
-    """Restore a checkpoint written by :func:`save_checkpoint`; returns ``{"step", "state"}``."""
-    from safetensors.torch import load_file
-
-    ckpt_dir = Path(ckpt_dir)
-    sd = load_file(str(ckpt_dir / "model.safetensors"))
-    missing = set(sd) - set(model.state_dict())
-    if missing:
-        raise ValueError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
-    model.load_state_dict(sd, strict=False)
-    extra = torch.load(ckpt_dir / "trainer_state.pt", weights_only=False)
-    if optimizer is not None and "optimizer" in extra:
-        optimizer.load_state_dict(extra["optimizer"])
-    if scheduler is not None and "scheduler" in extra:
-        scheduler.load_state_dict(extra["scheduler"])
-    if restore_rng:
-        set_rng_state(extra["rng"])
-    return {"step": extra["step"], "state": extra.get("state", {})}
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The highest ``checkpoints/step-N`` folder of a run, or None."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    steps = []
-    for d in root.iterdir():
-        if d.is_dir() and d.name.startswith("step-") and (d / "trainer_state.pt").exists():
-            try:
-                steps.append((int(d.name.split("-", 1)[1]), d))
-            except ValueError:
-                continue
-    return max(steps)[1] if steps else None
-
-
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the ``keep_last`` highest ``checkpoints/step-N`` folders (0 keeps all)."""
-    root = Path(run_dir) / "checkpoints"
-    if keep_last <= 0 or not root.is_dir():
-        return
-    steps = []
-    for d in root.iterdir():
-        if d.is_dir() and d.name.startswith("step-"):
-            try:
-                steps.append((int(d.name.split("-", 1)[1]), d))
-            except ValueError:
-                continue
-    for _, d in sorted(steps)[:-keep_last]:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def save_final(model, tokenizer, out_dir: str | Path) -> Path:
-    """Save a model that plain transformers / vLLM can load. With LoRA, the adapter is saved
-    under ``adapter/`` and the merged weights at ``out_dir`` itself."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    to_save = model
-    if hasattr(model, "peft_config"):
-        model.save_pretrained(out_dir / "adapter")
-        to_save = copy.deepcopy(model).merge_and_unload()
-    to_save.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir

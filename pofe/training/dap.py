@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from pofe.logprobs import SequenceBatch, build_batch
-from pofe.losses import LossOutput
+from pofe.losses import PreferenceLoss
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,8 @@ class PairStats:
     rejected_reward: float
     kl: float  # mean over the two responses of log pi(y|x) - log pi0(y|x) (k1 estimate)
     p: float
+    chosen_logp: float = 0.0  # log pi_theta(y+|x), summed over the response (TRL's logps/chosen)
+    rejected_logp: float = 0.0
 
 
 @dataclass
@@ -71,6 +73,34 @@ class DapResult:
     time_ref: float = 0.0
     time_policy: float = 0.0
     tokens: int = 0  # prompt + completion tokens through the policy
+
+
+def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard") -> TokenPair | None:
+    """A preference pair from a file as a :class:`TokenPair`, tokenised once (cached by text)
+    in the same layout as sampled ones: chat-rendered prompt ids + response ids + EOS. Labels
+    follow the sampled-pair rule (oriented to the preferred response; hard: p -> 1, and a tie
+    p = 0.5 gives None)."""
+    from pofe.models import apply_chat_template
+
+    chosen, rejected, p = pair.chosen, pair.rejected, float(pair.p)
+    if p < 0.5:
+        chosen, rejected, p = rejected, chosen, 1.0 - p
+    if labels == "hard":
+        if p == 0.5:
+            return None
+        p = 1.0
+
+    def ids(text: str, prompt: bool, messages=None) -> tuple[int, ...]:
+        key = (prompt, text)  # a conversation's text is its full transcript, so it keys it too
+        if key not in cache:
+            if prompt:  # a conversational pair renders every turn, system message included
+                rendered = apply_chat_template(tokenizer, list(messages) if messages else text)
+                cache[key] = tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            else:
+                cache[key] = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos_id,)
+        return cache[key]
+    return TokenPair(ids(pair.prompt, True, getattr(pair, "messages", None)), ids(chosen, False), ids(rejected, False), p,
+                     str(pair.provenance.get("pair_id") or pair.provenance.get("source", "")))
 
 
 def split_even(items: Sequence, parts: int) -> list[list]:
@@ -127,7 +157,7 @@ def dap_backward(
     reference,
     pairs: Sequence[TokenPair],
     *,
-    loss_fn: Callable[..., LossOutput],
+    loss_fn: PreferenceLoss,
     beta: float,
     micro_batches: int,
     normaliser: float,
@@ -180,13 +210,14 @@ def dap_backward(
             result.time_ref += t1 - t0
             result.tokens += int(batch.attention_mask.sum())
             with torch.no_grad():
-                logratio = (pol_lp - ref_lp).detach()
+                pol_d = pol_lp.detach()
+                logratio = pol_d - ref_lp
                 kl = (logratio[:m] + logratio[m:]) / 2
             for j, pr in enumerate(chunk):
                 result.pairs.append(PairStats(
                     pair_id=pr.pair_id, loss=float(out.losses[j].detach()), margin=float(out.margins[j]),
                     chosen_reward=float(out.chosen_rewards[j]), rejected_reward=float(out.rejected_rewards[j]),
-                    kl=float(kl[j]), p=pr.p))
+                    kl=float(kl[j]), p=pr.p, chosen_logp=float(pol_d[j]), rejected_logp=float(pol_d[m + j])))
     return result
 
 

@@ -1,16 +1,22 @@
-"""Per-step training metrics (pure functions) and the sinks they go to.
+"""Per-step metrics of the DAP loops (pure functions), the end-of-run summary, and the
+truncation a resumed run applies to ``metrics.jsonl``.
 
-``metrics.jsonl`` is always written (the report command reads it); TensorBoard is used
-when installed (``log.tensorboard: null`` = auto) and W&B / MLflow only when asked.
-Keys kept stable for readers: step, loss, mean_p, consistency_rate, mean_len, kl,
-winrate_vs_init, time_generate, time_judge, time_train.
+Metric names follow TRL's ``DPOTrainer`` where one exists, so that pofe and TRL runs overlay
+in TensorBoard / W&B: ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
+``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``, ``objective/kl``,
+``learning_rate``, ``grad_norm``, ``step``. pofe's own (judge and sampling) metrics keep
+plain names: mean_p, consistency_rate, mean_len, winrate_vs_init, time_*, *_pairs.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Sequence
+
+from pofe.runs import atomic_write_text, read_jsonl
 
 
 P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -37,8 +43,8 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
     Args:
         annotations: ledger rows of this step (``p``, ``consistent`` per judged pair); empty
             in offline mode.
-        pairs: :class:`pofe.loops.dap.PairStats` of the trained pairs.
-        counts: trained / identical / unlabelled / ties.
+        pairs: :class:`pofe.training.dap.PairStats` of the trained pairs.
+        counts: trained / identical / unlabelled / ties / inconsistent / low_margin.
         times: seconds for generate, judge, reference, policy, optimizer and the whole step.
     """
     labelled = [a for a in annotations if a.get("p") is not None]
@@ -51,11 +57,13 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
         "cpu_time": time.process_time(),  # cumulative CPU seconds of this process (benchmarks)
         "loss": _mean([p.loss for p in pairs]),
         # Implicit rewards beta*log(pi/pi0) (DPO's reward, OAIF Eq. 1): margin and how often
-        # the chosen response already gets the larger one ("accuracy").
-        "reward_margin": _mean([p.margin for p in pairs]),
-        "reward_accuracy": _mean([1.0 if p.margin > 0 else 0.0 for p in pairs]),
-        "chosen_reward": _mean([p.chosen_reward for p in pairs]),
-        "rejected_reward": _mean([p.rejected_reward for p in pairs]),
+        # the chosen response already gets the larger one ("accuracy"), TRL's names.
+        "rewards/chosen": _mean([p.chosen_reward for p in pairs]),
+        "rewards/rejected": _mean([p.rejected_reward for p in pairs]),
+        "rewards/margins": _mean([p.margin for p in pairs]),
+        "rewards/accuracies": _mean([1.0 if p.margin > 0 else 0.0 for p in pairs]),
+        "logps/chosen": _mean([p.chosen_logp for p in pairs]),
+        "logps/rejected": _mean([p.rejected_logp for p in pairs]),
         # mean_p: the judge's confidence in the response it prefers, max(p, 1 - p);
         # mean_p_a: raw mean of P(A better) (near 0.5 unless the sampler orders pairs).
         "mean_p": _mean([max(p, 1 - p) for p in ps]),
@@ -65,13 +73,17 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
         "mean_len": gen_tokens / num_samples if num_samples else None,  # tokens per sampled response
         "mean_chars": gen_chars / num_samples if num_samples else None,
         # k1 estimate of KL(pi || pi0) per sequence on the sampled responses.
-        "kl": _mean([p.kl for p in pairs]),
+        "objective/kl": _mean([p.kl for p in pairs]),
         "annotations": counts.get("annotations", 0),
         "pairs": counts.get("trained", 0),
         "identical_pairs": counts.get("identical", 0),
         "unlabelled_pairs": counts.get("unlabelled", 0),
         "tie_pairs": counts.get("ties", 0),
-        "lr": lr,
+        "inconsistent_pairs": counts.get("inconsistent", 0),
+        "low_margin_pairs": counts.get("low_margin", 0),
+        # labels read as text because the endpoint gave no logprobs (a hard 0/1, no strength)
+        "text_fallback_labels": sum(1 for a in labelled if a.get("text_fallback")),
+        "learning_rate": lr,
         "grad_norm": grad_norm,
         "time_generate": times.get("generate", 0.0),
         "time_judge": times.get("judge", 0.0),
@@ -111,6 +123,9 @@ def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | 
         "identical_pairs": sum(r.get("identical_pairs", 0) or 0 for r in train),
         "unlabelled_pairs": sum(r.get("unlabelled_pairs", 0) or 0 for r in train),
         "tie_pairs": sum(r.get("tie_pairs", 0) or 0 for r in train),
+        "inconsistent_pairs": sum(r.get("inconsistent_pairs", 0) or 0 for r in train),
+        "low_margin_pairs": sum(r.get("low_margin_pairs", 0) or 0 for r in train),
+        "text_fallback_labels": sum(r.get("text_fallback_labels", 0) or 0 for r in train),
         "mean_len_first": _mean(lens[:w]),
         "mean_len_last": _mean(lens[-w:]),
         "mean_len_window": w,
@@ -125,3 +140,25 @@ def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | 
         "time_split": {k: round(v / total, 3) for k, v in parts.items()},
         "time_split_seconds": {k: round(v, 2) for k, v in parts.items()},
     }
+
+
+def truncate_metrics(run_dir: str | Path, step: int) -> None:
+    """Drop ``metrics.jsonl`` rows after ``step`` (a resumed run recomputes them; never two
+    rows for one step)."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.exists():
+        keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
+        atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def iteration_row(m: dict[str, Any]) -> dict[str, Any]:
+    """The ``metrics.jsonl`` row of one self-reward iteration (``step`` = the iteration): the
+    scalars a tracker can plot; the full record stays in ``iter_t/metrics.json``."""
+    pairs, h2h, rm = m.get("pairs") or {}, m.get("head_to_head_vs_prev") or {}, m.get("rm_metrics") or {}
+    dpo = m.get("dpo") or {}
+    row = {"step": m["iteration"], "iteration": m["iteration"], "mean_score": m.get("mean_score"),
+           "eval_mean_score": m.get("eval_mean_score"), "mean_length_chars": m.get("mean_length_chars"),
+           "pairs_kept": pairs.get("kept"), "unscored_candidates": m.get("unscored_candidates"),
+           "loss": dpo.get("loss_last"), "winrate_vs_prev": h2h.get("win_rate_adjusted"),
+           "rm/pairwise_accuracy": rm.get("pairwise_accuracy")}
+    return {k: v for k, v in row.items() if v is not None}

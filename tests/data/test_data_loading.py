@@ -8,7 +8,13 @@ import json
 import pytest
 
 from pofe.data.preferences import load_preferences
-from pofe.data.prompts import DEFAULT_PROMPTS, DataError, PromptCursor, load_prompts, split_heldout
+from pofe.data.prompts import (
+    DEFAULT_PROMPTS,
+    DataError,
+    PromptCursor,
+    load_prompts,
+    split_heldout,
+)
 
 
 def _write_jsonl(path, rows):
@@ -25,7 +31,7 @@ def test_prompts_jsonl_fields_messages_and_hh(tmp_path):
         json.dumps("e"),
     ])
     got = load_prompts(p)
-    assert [x.text for x in got] == ["a?", "b!", "c?", "d?", "e"]
+    assert [x.text for x in got] == ["a?", "b!", "System: s\n\nHuman: c?", "d?", "e"]
     assert got[0].id == "7"
     assert got[2].messages[0]["role"] == "system"
 

@@ -1,0 +1,76 @@
+"""pofe's online step vs TRL's OnlineDPOTrainer, paired back to back (pofe, TRL, pofe, TRL, ...).
+
+Both sides run the bar config of ``benchmarks/online_step.py`` (SmolLM2-135M policy and a
+both-order SmolLM2 annotator, 4 prompts x 2 samples, 48 new tokens, DPO beta 0.1, 6 steps,
+first excluded) on the same prompts (``../shared/anchors/trl/bench_prompts.jsonl``). Machines
+and load change absolute times, not the ratio of a paired run, so report medians of rounds.
+
+    python benchmarks/vs_trl.py --rounds 2 --pofe "--engine hf --precision bf16" --trl "--bf16"
+
+Needs the TRL anchor environment: ``bash ../shared/anchors/trl/setup.sh`` (once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ANCHOR = HERE.parent.parent / "shared" / "anchors" / "trl"
+TRL_PY = Path(os.environ.get("TRL_ANCHOR_DIR", Path.home() / ".cache" / "pofe-trl-anchor")) / "venv" / "bin" / "python"
+
+
+def run_pofe(extra: str, steps: int) -> dict:
+    cmd = [sys.executable, str(HERE / "online_step.py"), "--judge", "llm", "--steps", str(steps), "--json",
+           "--prompts", str(ANCHOR / "bench_prompts.jsonl"), *shlex.split(extra)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out[out.index("{"):])
+
+
+def run_trl(extra: str, steps: int) -> dict:
+    cmd = [str(TRL_PY), str(ANCHOR / "trl_bench.py"), "--loss-types", "sigmoid", "--judge", "llm", "--both-orders",
+           "--steps", str(steps), *shlex.split(extra)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        if line.startswith("TRL_ONLINE_DPO_S_PER_STEP="):
+            res["seconds_per_step"] = float(line.split("=", 1)[1])
+        elif line.startswith("TRL_ONLINE_DPO_PEAK_RSS_MB_SIGMOID="):
+            res["peak_rss_gb"] = round(float(line.split("=", 1)[1]) / 1024, 2)
+        elif line.startswith("RESULT sigmoid: "):
+            res["detail"] = json.loads(line.split(": ", 1)[1])
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--pofe", default="", help="extra arguments for benchmarks/online_step.py")
+    ap.add_argument("--trl", default="", help="extra arguments for trl_bench.py (e.g. --bf16)")
+    args = ap.parse_args()
+    if not TRL_PY.exists():
+        sys.exit(f"TRL anchor venv not found at {TRL_PY}: run bash {ANCHOR / 'setup.sh'} first")
+    pofe, trl = [], []
+    for r in range(args.rounds):
+        p = run_pofe(args.pofe, args.steps)
+        pofe.append(p)
+        print(f"round {r + 1} pofe: {p['seconds_per_step']} s/step  split {p.get('time_split_s')}  "
+              f"peak RSS {p.get('peak_rss_gb')} GB", flush=True)
+        t = run_trl(args.trl, args.steps)
+        trl.append(t)
+        print(f"round {r + 1} TRL : {t.get('seconds_per_step')} s/step  peak RSS {t.get('peak_rss_gb')} GB", flush=True)
+    mp = statistics.median(x["seconds_per_step"] for x in pofe)
+    mt = statistics.median(x["seconds_per_step"] for x in trl)
+    print(f"pofe [{args.pofe}] median {mp:.2f} s/step | TRL [{args.trl}] median {mt:.2f} s/step | "
+          f"speed-up {mt / mp:.2f}x over {args.rounds} paired rounds")
+
+
+if __name__ == "__main__":
+    main()

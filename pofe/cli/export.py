@@ -1,0 +1,60 @@
+"""``pofe export``: a run's labelled pairs as TRL / alpaca_eval / ``datasets`` data
+(library code: :mod:`pofe.data.export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    resolve_config,
+)
+from pofe.config import PofeConfig
+
+
+class ExportConfig(PofeConfig):
+    """``pofe export``."""
+
+    source: str | None = None
+    """A run folder (``pofe label``, ``cai revise``, ``online``, ``judge``) or a pair file."""
+    format: Literal["trl", "trl-conversational", "alpaca_eval", "datasets"] = "trl"
+    """trl: prompt/chosen/rejected/p JSONL; trl-conversational: chat messages; alpaca_eval:
+    annotations JSON (preference 1..2); datasets: a save_to_disk folder."""
+    output: str | None = None
+    """Output file (a folder for ``datasets``)."""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(help="Export a run's labelled pairs for TRL (DPOTrainer/RewardTrainer), alpaca_eval or datasets.")
+    def export(
+        source: Optional[Path] = typer.Argument(None, help="Run folder or pair file."),
+        format: Optional[str] = typer.Option(None, "--format", "-f", help="trl, trl-conversational, alpaca_eval or datasets."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (a folder for datasets)."),
+        config: Optional[Path] = ConfigOpt,
+        set_: Optional[list[str]] = SetOpt,
+        print_config: bool = PrintConfigOpt,
+        json_out: bool = JsonOpt,
+    ) -> None:
+        cfg = resolve_config(ExportConfig, config, set_, {"source": str(source) if source else None, "format": format,
+                                                          "output": str(output) if output else None}, print_config)
+        if not cfg.source or not cfg.output:
+            fail("pofe export RUN_DIR --format FORMAT -o OUT: a source and -o are required")
+        from pofe.data.export import export_pairs
+
+        try:
+            s = export_pairs(cfg.source, cfg.format, cfg.output)
+        except (ValueError, OSError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(s)
+        else:
+            skipped = f" (skipped: {s['skipped']})" if s["skipped"] else ""
+            typer.echo(f"exported {s['pairs']} pairs from {s['input']} as {s['format']} -> {s['output']}{skipped}")

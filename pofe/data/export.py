@@ -1,0 +1,107 @@
+"""Formats out: pofe's pair files as datasets other tools read directly.
+
+Inputs are whatever pair files pofe writes -- a run folder of ``pofe label`` / ``cai revise``
+(``preferences.jsonl``), ``pofe online`` (``ledger.jsonl``), ``pofe judge``
+(``verdicts.jsonl``), or any pair file :func:`pofe.data.preferences.load_preferences` reads.
+Rows the judge could not label (``p = null``) and identical pairs are skipped and counted.
+
+Formats (``p`` = P(chosen better), the soft label, always kept as a column):
+
+* ``trl`` -- TRL's standard preference format ``{prompt, chosen, rejected, p}`` as JSON
+  Lines (``DPOTrainer`` / ``RewardTrainer`` via ``load_dataset("json")``);
+* ``trl-conversational`` -- TRL's conversational format with an explicit prompt: ``prompt``
+  is the chat (system message and every turn), ``chosen`` / ``rejected`` one assistant
+  message each;
+* ``alpaca_eval`` -- a JSON list of annotations ``{instruction, output_1, output_2,
+  preference}`` with alpaca_eval's convention ``preference`` = 1 (output_1 better) ... 2
+  (output_2 better), 1.5 a tie, i.e. ``2 - p``; the pair keeps its judged order;
+* ``datasets`` -- a ``datasets.save_to_disk`` folder with the ``trl`` columns
+  (``datasets.load_from_disk``).
+
+For the TRL formats each pair is oriented so ``chosen`` is the preferred response
+(``p < 0.5`` swaps the two and stores ``1 - p``): TRL's hard-label losses read ``chosen`` as
+the winner, and a soft loss is unchanged by the swap (BCE(-d, 1 - p) = BCE(d, p)).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pofe.data.io import DataError, check_output
+from pofe.data.preferences import PreferenceData, load_preferences
+from pofe.records import PreferencePair
+
+Format = Literal["trl", "trl-conversational", "alpaca_eval", "datasets"]
+FORMATS: tuple[str, ...] = ("trl", "trl-conversational", "alpaca_eval", "datasets")
+
+# Where each command leaves its labelled pairs, in the order they are looked for.
+PAIR_FILES = ("preferences.jsonl", "ledger.jsonl", "verdicts.jsonl", "labels.jsonl")
+
+
+def find_pair_file(source: str | Path) -> Path:
+    """The pair file of a run folder (or ``source`` itself when it is a file or a
+    ``save_to_disk`` folder)."""
+    src = Path(source)
+    if src.is_file() or (src / "dataset_info.json").exists() or (src / "dataset_dict.json").exists():
+        return src  # a pair file, or a datasets save_to_disk folder of pairs
+    if not src.is_dir():
+        raise DataError(f"{source}: no such run folder or file")
+    for name in PAIR_FILES:
+        if (src / name).is_file():
+            return src / name
+    raise DataError(f"{source}: no pair file in this run folder (looked for {', '.join(PAIR_FILES)})")
+
+
+def _oriented(q: PreferencePair) -> tuple[str, str, float]:
+    return (q.chosen, q.rejected, q.p) if q.p >= 0.5 else (q.rejected, q.chosen, 1.0 - q.p)
+
+
+def _prompt_messages(q: PreferencePair) -> list[dict[str, str]]:
+    return list(q.messages) if q.messages else [{"role": "user", "content": q.prompt}]
+
+
+def export_rows(pairs: list[PreferencePair], fmt: Format) -> list[dict[str, Any]]:
+    """The rows of ``fmt`` (see the module docstring)."""
+    rows = []
+    for q in pairs:
+        if fmt == "alpaca_eval":
+            rows.append({"instruction": q.prompt, "output_1": q.chosen, "output_2": q.rejected,
+                         "preference": 2.0 - q.p})
+            continue
+        chosen, rejected, p = _oriented(q)
+        if fmt == "trl-conversational":
+            rows.append({"prompt": _prompt_messages(q), "chosen": [{"role": "assistant", "content": chosen}],
+                         "rejected": [{"role": "assistant", "content": rejected}], "p": p})
+        else:
+            rows.append({"prompt": q.prompt, "chosen": chosen, "rejected": rejected, "p": p})
+    return rows
+
+
+def export_pairs(source: str | Path, fmt: Format, output: str | Path) -> dict[str, Any]:
+    """Read the pairs of ``source`` (a run folder or pair file) and write them as ``fmt`` to
+    ``output`` (a file; a folder for ``datasets``). Returns a summary."""
+    from pofe.runs import atomic_write_text
+
+    if fmt not in FORMATS:
+        raise DataError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    pair_file = find_pair_file(source)
+    out = Path(output)
+    if fmt == "datasets":
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise DataError(f"-o {output}: exists and is not an empty folder (a datasets folder is written fresh)")
+    else:
+        check_output(out, [pair_file])
+    data: PreferenceData = load_preferences(pair_file)
+    rows = export_rows(data.pairs, fmt)
+    if fmt == "datasets":
+        import datasets
+
+        datasets.Dataset.from_list(export_rows(data.pairs, "trl")).save_to_disk(str(out))
+    elif fmt == "alpaca_eval":
+        atomic_write_text(out, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
+    else:
+        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return {"input": str(pair_file), "output": str(out), "format": fmt, "pairs": len(rows),
+            "skipped": data.skipped}

@@ -1,0 +1,153 @@
+"""How ``pofe self-reward`` measures its iterations: head-to-head between two models' responses
+(both orders; a disagreement is a tie), reward-modelling metrics of a judge on human-ranked
+groups (Self-Rewarding LMs Table 4), and checkpoint selection by head-to-head win rate
+against the previous model ("Early stopping").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pydantic import Field
+
+from pofe.config import PofeConfig
+from pofe.data.eft import RankedPrompt
+from pofe.judges.registry import JudgeConfig
+from pofe.records import Judgment
+
+
+class SelectionSettings(PofeConfig):
+    """Checkpoint selection by head-to-head win rate against the previous iteration."""
+
+    enabled: bool = True
+    """false: M_t is the last DPO checkpoint."""
+    num_checkpoints: int = Field(3, ge=1)
+    """Evenly spaced DPO checkpoints compared (the last is always one of them)."""
+    num_prompts: int = Field(16, ge=0)
+    """Validation prompts (disjoint from the evaluation prompts; paper: 253)."""
+    prompts: str | None = None
+    """Validation prompt file; None = a seeded split of the built-in prompts."""
+    judge: JudgeConfig | None = None
+    """None = the training judge, fixed at M_{t-1} (the paper uses an external judge, Claude 2)."""
+    keep_checkpoints: bool = False
+    """Keep the DPO checkpoints after selection (they are full copies of the trainable weights)."""
+
+
+class ScoresAsPairwise:
+    """A pairwise view of a pointwise judge: A beats B when its score is higher (ties 0.5).
+    Both "orders" are the same two scores, so the verdict is consistent by construction."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.id = f"pairwise({inner.id})"
+
+    def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
+        sa = self.inner.score(list(prompts), list(responses_a))
+        sb = self.inner.score(list(prompts), list(responses_b))
+        out = []
+        for a, b in zip(sa, sb):
+            p = None if a.score is None or b.score is None else (1.0 if a.score > b.score else 0.0 if a.score < b.score else 0.5)
+            out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=None if p is None else True, parse_ok=p is not None,
+                                judge_id=self.id))
+        return out
+
+
+def as_pairwise(judge):
+    return judge if hasattr(judge, "judge") else ScoresAsPairwise(judge)
+
+
+def head_to_head(judge, prompts: Sequence[str], a: Sequence[str], b: Sequence[str]) -> dict[str, Any]:
+    """W/T/L of A vs B under the one tie rule of :mod:`pofe.evaluation.winrate` (both orders;
+    a disagreement between orders = a tie — the paper's protocol, FastChat's). Identical
+    responses are ties without a judge call; unreadable pairs are dropped and counted."""
+    from pofe.evaluation import winrate
+
+    h = winrate.head_to_head(as_pairwise(judge), prompts, a, b)
+    h.pop("pairs")
+    return h
+
+
+def rm_eval(judge, groups: Sequence[RankedPrompt], max_score: float = 5.0) -> dict[str, Any]:
+    """Reward-modelling metrics (Table 4) of a pointwise judge on human-ranked groups."""
+    from pofe.evaluation.rm_metrics import RankedGroup, rm_metrics
+
+    flat = [(g.prompt, r) for g in groups for r in g.responses]
+    scores = judge.score([x for x, _ in flat], [y for _, y in flat]) if flat else []
+    out, k = [], 0
+    for g in groups:
+        out.append(RankedGroup(g.ranks, tuple(s.score for s in scores[k:k + len(g.responses)])))
+        k += len(g.responses)
+    return rm_metrics(out, max_score=max_score)
+
+
+def pick_checkpoint(options: Sequence[Any], respond: Callable[[Any], list[str]], judge, prompts: Sequence[str],
+                    previous: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+    """The option (a DPO checkpoint) whose responses on the validation ``prompts`` have the
+    best tie-adjusted win rate against ``previous`` (M_{t-1}'s responses); equal rates go to
+    the later option. ``respond(option)`` gives that option's responses. Returns the index
+    and one head-to-head result per option."""
+    results = [head_to_head(judge, prompts, respond(o), previous) for o in options]
+    best = max(range(len(results)), key=lambda i: (results[i]["win_rate_adjusted"] or 0.0, i))
+    return best, results
+
+
+def measure_responses(prompts: Sequence[str], responses: Sequence[str], tokenizer, yardstick,
+                      previous: Sequence[str] | None) -> dict[str, Any]:
+    """Step 7 numbers of one model's held-out responses: mean length (characters and
+    tokens), mean score under the fixed yardstick judge (unscored ones counted, never given a
+    value), and head-to-head against the previous iteration's responses."""
+    m: dict[str, Any] = {"eval_prompts": len(responses)}
+    if not responses:
+        return m
+    m["mean_length_chars"] = sum(len(r) for r in responses) / len(responses)
+    m["mean_length_tokens"] = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in responses) / len(responses)
+    if yardstick is not None and hasattr(yardstick, "score"):
+        sc = [s.score for s in yardstick.score(list(prompts), list(responses))]
+        ok = [s for s in sc if s is not None]
+        m["eval_mean_score"] = sum(ok) / len(ok) if ok else None
+        m["eval_unscored"] = len(sc) - len(ok)
+        m["eval_judge"] = getattr(yardstick, "id", None)
+    if previous is not None and yardstick is not None:
+        m["head_to_head_vs_prev"] = head_to_head(yardstick, prompts, responses, previous)
+    return m
+
+
+def select_checkpoint(it_dir: Path, final: Path, cfg: SelectionSettings, *, load: Callable, respond: Callable,
+                      judge, prompts: Sequence[str], previous: Sequence[str]) -> Path:
+    """Step 6 ("Early stopping"): among the DPO checkpoints of ``it_dir/dpo`` and the final
+    model, the one with the best tie-adjusted win rate against M_{t-1}'s ``previous``
+    responses on the validation ``prompts`` (ties go to the later one) becomes
+    ``it_dir/model``; the comparison is written to ``selection.json``. ``load(ckpt)`` gives a
+    checkpoint's (model, tokenizer), ``load(None)`` the final model's; ``respond(model, tokenizer)`` its validation responses."""
+    from pofe.training import save_final
+
+    model_dir = it_dir / "model"
+    if (model_dir / "config.json").exists():
+        return model_dir
+    ckpt_root = it_dir / "dpo" / "checkpoints"
+    steps = sorted(int(p.name.split("-", 1)[1]) for p in ckpt_root.glob("step-*")) if ckpt_root.is_dir() else []
+    last = max(steps) if steps else None
+    options: list[tuple[int | None, Path | None]] = [(s, ckpt_root / f"step-{s}") for s in steps if s != last]
+    options.append((last, None))  # the final model (= the last checkpoint's weights)
+
+    model_of = load  # load(None) = the final model
+    if cfg.enabled and prompts and len(options) > 1:
+        best, h2h = pick_checkpoint(options, lambda o: respond(*model_of(o[1])), judge, prompts, previous)
+        results = [{"step": s, "final": c is None, **h} for (s, c), h in zip(options, h2h)]
+    else:
+        best = len(options) - 1
+        results = [{"step": last, "final": True, "note": "selection disabled or nothing to choose from"}]
+    step, ckpt = options[best]
+    if ckpt is None:
+        shutil.copytree(final, model_dir, dirs_exist_ok=True)
+    else:
+        save_final(*model_of(ckpt), model_dir)
+    from pofe.runs import atomic_write_text
+
+    atomic_write_text(it_dir / "selection.json", json.dumps({"selected_step": step, "candidates": results}, indent=2))
+    if not cfg.keep_checkpoints:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+    return model_dir

@@ -1,0 +1,63 @@
+"""Guards every training loop shares: a non-finite loss stops the run before it is stepped or
+checkpointed, commands that do not run data-parallel refuse ``WORLD_SIZE > 1``, and fault
+injection points for the crash/resume suite."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from typing import Any
+
+
+class NonFiniteLoss(RuntimeError):
+    """A NaN/inf loss. Raised before ``optimizer.step()`` and before any checkpoint, so the last
+    checkpoint on disk stays finite (issue 14: a NaN loss was once logged as ``null`` and a NaN
+    checkpoint saved before the crash). ``str(e)`` is one line naming the step and the pair."""
+
+
+def check_finite(loss: Any, *, step: int, detail: str = "") -> None:
+    """Raise :class:`NonFiniteLoss` when ``loss`` (a float or a tensor of any shape) holds a NaN
+    or inf. ``detail`` names what was being trained (e.g. ``pair 17 (prompt 'Why ...')``)."""
+    if hasattr(loss, "detach"):
+        import torch
+
+        bad = not bool(torch.isfinite(loss.detach()).all())
+        value = loss.detach().float().flatten()[0].item() if loss.numel() == 1 else "non-finite entries"
+    else:
+        bad = not math.isfinite(float(loss))
+        value = loss
+    if bad:
+        where = f" on {detail}" if detail else ""
+        raise NonFiniteLoss(f"non-finite loss ({value}) at step {step}{where}; stopped before the optimiser step "
+                            f"and before any checkpoint (lower optim.lr or check the data)")
+
+
+class MultiProcessRefused(Exception):
+    """A command that does not run data-parallel was started with ``WORLD_SIZE > 1``."""
+
+
+def world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 1
+
+
+def require_single_process(command: str) -> None:
+    """Refuse ``WORLD_SIZE > 1`` for a command that does not run data-parallel: under
+    torchrun / accelerate launch it would otherwise run N independent copies (issue 11: two run
+    folders from ``pofe sft`` with 2 processes). Raises :class:`MultiProcessRefused` (the CLI
+    exits 2 with its one line)."""
+    n = world_size()
+    if n > 1:
+        raise MultiProcessRefused(f"pofe {command} does not run data-parallel; it was started with WORLD_SIZE={n} "
+                                  f"(launch it as one process; pofe online runs data-parallel)")
+
+
+def fault_point(name: str) -> None:
+    """Fault injection for the crash/resume suite: ``POFE_FAULT=<name>`` sends SIGKILL to this
+    process right here (no cleanup, no flush beyond what the loop already did). Loops call it at
+    named points, e.g. ``fault_point(f"{step}:after_checkpoint")``; free when unset."""
+    if os.environ.get("POFE_FAULT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

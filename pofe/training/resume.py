@@ -1,0 +1,60 @@
+"""Making a run folder agree with the checkpoint it resumes from.
+
+A crash between two checkpoints leaves rows in ``metrics.jsonl`` (and append-only outputs)
+for steps the resumed run will compute again; appending them a second time would give two
+rows per step and plots that double back. The rows after the checkpoint are dropped: a
+resumed run recomputes them identically (every step reseeds from ``(seed, step)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import Field
+
+from pofe.config import PofeConfig
+from pofe.runs import atomic_write_text, read_jsonl
+
+
+def rewind_metrics(path: str | Path, step: int) -> int:
+    """Keep only the rows of ``path`` whose ``step`` is ≤ ``step``; returns how many were dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = read_jsonl(path)
+    keep = [r for r in rows if int(r.get("step", 0)) <= step]
+    if len(keep) != len(rows) or path.read_bytes()[-1:] not in (b"\n", b""):
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+    return len(rows) - len(keep)
+
+
+def rewind_to_offset(path: str | Path, offset: int) -> int:
+    """Truncate an append-only file to ``offset`` bytes (its size at the checkpoint); returns
+    the number of bytes dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size > offset:
+        with open(path, "rb+") as f:
+            f.truncate(offset)
+            f.flush()
+            os.fsync(f.fileno())
+    return max(0, size - offset)
+
+
+def file_offset(path: str | Path) -> int:
+    """The size of ``path`` in bytes (0 when it does not exist): what a checkpoint records."""
+    path = Path(path)
+    return path.stat().st_size if path.exists() else 0
+
+
+class CheckpointConfig(PofeConfig):
+    """When to write ``checkpoints/step-N`` (everything an exact ``--resume`` needs)."""
+
+    every: int = Field(0, ge=0)
+    """Checkpoint every N optimiser steps (0 = only at the end)."""
+    keep_last: int = Field(2, ge=0)
+    """Checkpoints kept on disk (0 keeps all)."""

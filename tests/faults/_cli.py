@@ -1,0 +1,43 @@
+"""Running ``pofe`` as a real subprocess (the installed entry point's behaviour: exit status,
+stderr lines, SIGKILL) with one CPU thread and no hub."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != "POFE_FAULT"}
+    e.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+              "PYTHONPATH": str(REPO) + os.pathsep + e.get("PYTHONPATH", "")})
+    e.update(extra)
+    return e
+
+
+def pofe(*args: str, timeout: float = 300, prefix: tuple[str, ...] = (), **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, sys.executable, "-m", "pofe", *args], cwd=REPO, env=env(**extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(res: subprocess.CompletedProcess) -> list[str]:
+    """Non-empty stderr lines that are not log lines (``HH:MM:SS LEVEL name: ...``) or progress bars."""
+    import re
+
+    return [ln for ln in res.stderr.splitlines()
+            if ln.strip() and not re.match(r"^\d\d:\d\d:\d\d \w+ ", ln) and not re.search(r"\d+%\|", ln)]
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess:
+    """``pofe`` in-process (same top-level handler as the entry point, without a subprocess's
+    start-up cost); returns a CompletedProcess-like result."""
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    res = CliRunner().invoke(app, list(args))
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
