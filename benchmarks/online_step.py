@@ -6,14 +6,18 @@ lr 5e-7 (no warm-up effect on speed), no evaluation, judge cache off. ``--judge 
 embedded SmolLM2 as pairwise annotator (token probabilities), both orders in one batch;
 ``--judge length``: the programmatic length judge (isolates the training side).
 
+``--engine vllm``: sampling on the in-process vLLM engine (bf16), weights synced after every
+optimiser step; ``--judge vllm`` reads both judge orders on a vLLM engine too (one prefill
+batch; with ``--lora`` it shares the policy's engine only under ``--lora-sync adapter``).
+
 Prints the median seconds per step excluding the first (wall clock between steps), the
-time split (generate / judge / reference / policy forward+backward / optimiser, medians)
-and the peak RSS of the process.
+time split (generate / judge / sync / reference / policy forward+backward / optimiser,
+medians) and the peak RSS of the process (vLLM's KV cache included).
 
 Anchor on this 2-core machine (shared/docs/anchor-trl.md): TRL 1.16 OnlineDPOTrainer at
 this config, judge scoring one order, gradient checkpointing off: 23.3 s/step.
 
-    python benchmarks/online_step.py --judge llm --steps 6 [--json] [--prompts FILE]
+    python benchmarks/online_step.py --judge llm --steps 6 [--engine hf|vllm] [--json] [--prompts FILE]
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import time
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", default=None, help="Prompt file (default: pofe's built-in prompts).")
-    ap.add_argument("--judge", choices=["llm", "length"], default="llm")
+    ap.add_argument("--judge", choices=["llm", "vllm", "length"], default="llm")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="policy (and llm/vllm judge) model")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="policy weights")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="sampling engine")
+    ap.add_argument("--vllm-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--lora-sync", choices=["auto", "adapter", "merged"], default="auto")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lora", action="store_true", help="LoRA r=16 instead of full fine-tuning.")
     ap.add_argument("--threads", type=int, default=None,
@@ -51,10 +61,17 @@ def main(argv=None) -> dict:
     sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
-            "model.dtype=float32", "model.device=cpu", "eval.enabled=false", f"run.output_dir={out}",
+            f"model.dtype={args.dtype}", f"model.device={args.device}",
+            f"model.name={args.model}", f"judge.model={args.model}", "eval.enabled=false", f"run.output_dir={out}",
             "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
     if args.prompts:
         sets.append(f"data.prompts={args.prompts}")
+    if args.engine == "vllm":
+        sets += ["sampling.engine=vllm", f"sampling.vllm.dtype={args.vllm_dtype}", "sampling.vllm.max_model_len=1024"]
+        if args.lora_sync != "auto":
+            sets.append(f"sampling.vllm.lora_sync={args.lora_sync}")
+    if args.judge == "vllm":
+        sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
     cfg = load_config(OnlineConfig, None, sets)
     t0 = time.perf_counter()
     summary = run(cfg)
@@ -63,10 +80,12 @@ def main(argv=None) -> dict:
     walls = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])]  # excludes step 1
     cpus = [b["cpu_time"] - a["cpu_time"] for a, b in zip(rows, rows[1:])]
     med = lambda k: statistics.median(r[k] for r in rows[1:]) if len(rows) > 1 else rows[0][k]  # noqa: E731
-    split = {"generate": med("time_generate"), "judge": med("time_judge"), "reference": med("time_reference"),
+    split = {"generate": med("time_generate"), "judge": med("time_judge"), "sync": med("time_sync"),
+             "reference": med("time_reference"),
              "policy_fwd_bwd": med("time_policy"), "optimizer": med("time_optimizer")}
     result = {
-        "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "engine": args.engine, "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "engine_syncs": summary.get("engine_syncs"),
         "seconds_per_step": round(statistics.median(walls), 2) if walls else None,
         "seconds_per_step_in_loop": round(med("time_step"), 2),
         "cpu_seconds_per_step": round(statistics.median(cpus), 2) if cpus else None,
@@ -80,7 +99,7 @@ def main(argv=None) -> dict:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"judge={args.judge} ({'LoRA' if args.lora else 'full fine-tuning'}, {result['threads']} threads): "
+        print(f"engine={args.engine} judge={args.judge} ({'LoRA' if args.lora else 'full fine-tuning'}, {result['threads']} threads): "
               f"{result['seconds_per_step']} s/step wall, {result['cpu_seconds_per_step']} CPU s/step "
               f"(medians of steps 2..{len(rows)}), peak RSS {result['peak_rss_gb']} GB")
         print("  split: " + ", ".join(f"{k} {v:.2f} s ({result['time_split_pct'][k]:.0f}%)" for k, v in split.items()))

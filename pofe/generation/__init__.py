@@ -1,5 +1,17 @@
-"""Sampling from a policy: batched generation with a KV cache (transformers ``generate``)."""
+"""Sampling from a policy: one entry point (:func:`generate`), two engines (``hf``:
+transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with training).
 
-from pofe.generation.sampling import SamplingConfig, Generator, HFGenerator, generate
+``generate``/``HFGenerator`` are imported on first use, so that configs which embed a
+``SamplingConfig`` (judge configs, every command's config) validate without importing torch."""
 
-__all__ = ["SamplingConfig", "Generator", "HFGenerator", "generate"]
+from pofe.generation.base import ENGINES, Generator, SamplingConfig, VLLMSettings, make_generator
+
+__all__ = ["ENGINES", "Generator", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]
+
+
+def __getattr__(name: str):
+    if name in ("HFGenerator", "generate"):
+        from pofe.generation import sampling
+
+        return getattr(sampling, name)
+    raise AttributeError(f"module 'pofe.generation' has no attribute {name!r}")

@@ -1,43 +1,27 @@
-"""Batched sampling. Prompts are rendered with the chat template, left-padded, and
-``n`` samples per prompt are drawn in one ``generate`` call (the KV cache is reused for
-all of them). Token ids are kept on each :class:`Completion` so later stages never
-re-tokenise (log-prob computation reuses them).
+"""Sampling entry point and the ``hf`` engine. Prompts are rendered with the chat template,
+left-padded, and ``n`` samples per prompt are drawn in one ``generate`` call (the KV cache is
+reused for all of them). Token ids are kept on each :class:`Completion` so later stages never
+re-tokenise (log-prob computation reuses them). :func:`generate` is the one entry point every
+command samples through; ``sampling.engine`` routes it to vLLM (:mod:`pofe.generation.vllm`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from pofe.config import PofeConfig
+from pofe.generation.base import Generator, SamplingConfig, VLLMSettings
 from pofe.models import apply_chat_template
 from pofe.records import Completion
 
-
-class SamplingConfig(PofeConfig):
-    """How responses are sampled."""
-
-    max_new_tokens: int = 48
-    """Maximum tokens per response."""
-    temperature: float = 0.9
-    """Sampling temperature (OAIF Sec. 4.1 uses 0.9 during training); 0 = greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    batch_size: int = 16
-    """Prompts per generate() call."""
-
-
-class Generator(Protocol):
-    def generate(self, prompts: Sequence[str | list[dict[str, str]]], n: int, sampling: SamplingConfig,
-                 seed: int | None = None) -> list[list[Completion]]: ...
+__all__ = ["Generator", "HFGenerator", "SamplingConfig", "VLLMSettings", "generate"]
 
 
 def _render(tokenizer, prompt) -> str:
     return apply_chat_template(tokenizer, prompt)
 
 
-@torch.no_grad()
 def generate(
     model,
     tokenizer,
@@ -48,58 +32,94 @@ def generate(
     seed: int | None = None,
     chat_template: bool = True,
 ) -> list[list[Completion]]:
-    """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt.
+    """Sample ``n`` completions for each prompt from ``model``'s current weights; returns one
+    list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf or vllm).
 
     ``chat_template=False``: string prompts are raw completion prompts (tokenised as is, with
     the tokenizer's own special tokens), e.g. a few-shot list the model should continue
     rather than answer (Self-Instruct)."""
+    from pofe.generation.base import make_generator
+
     sampling = sampling or SamplingConfig()
-    if seed is not None:
-        torch.manual_seed(seed)
-    device = next(model.parameters()).device
-    eos_ids = _eos_ids(model, tokenizer)
-    out: list[list[Completion]] = []
-    was_training = model.training
-    model.eval()
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
-    try:
-        for start in range(0, len(prompts), sampling.batch_size):
-            chunk = prompts[start : start + sampling.batch_size]
-            texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
-            do_sample = sampling.temperature > 0
-            # Greedy decoding gives n identical samples: decode once and repeat (transformers
-            # refuses num_return_sequences > 1 without sampling).
-            n_gen = n if do_sample else 1
-            gen_kwargs = dict(
-                max_new_tokens=sampling.max_new_tokens,
-                do_sample=do_sample,
-                num_return_sequences=n_gen,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=eos_ids,
-            )
-            if do_sample:
-                gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-            seqs = model.generate(**enc, **gen_kwargs)  # (len(chunk)*n, P+new)
-            P = enc["input_ids"].shape[1]
-            for i, prompt in enumerate(chunk):
-                mask = enc["attention_mask"][i].bool()
-                p_ids = tuple(enc["input_ids"][i][mask].tolist())
-                group = []
-                for j in range(n):
-                    new = seqs[i * n_gen + (j if do_sample else 0), P:].tolist()
-                    ids, finished = _cut_at_eos(new, eos_ids, tokenizer.pad_token_id)
-                    text = tokenizer.decode(ids, skip_special_tokens=True)
-                    ptxt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
-                    group.append(Completion(prompt=ptxt, text=text, token_ids=tuple(ids),
-                                            prompt_token_ids=p_ids, finished=finished))
-                out.append(group)
-    finally:
-        tokenizer.padding_side = old_side
-        if was_training:
-            model.train()
-    return out
+    return make_generator(model, tokenizer, sampling).generate(prompts, n, sampling, seed, chat_template=chat_template)
+
+
+class HFGenerator:
+    """The ``hf`` engine: transformers ``generate`` on the in-process model (always current:
+    it samples from the very tensors the optimiser updates, so :meth:`sync` is free)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None):
+        self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig | None = None) -> HFGenerator:
+        return cls(model, tokenizer, sampling)
+
+    def sync(self) -> float:
+        return 0.0
+
+    @torch.no_grad()
+    def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
+                 seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
+        model, tokenizer = self.model, self.tokenizer
+        sampling = sampling or SamplingConfig()
+        if seed is not None:
+            torch.manual_seed(seed)
+        device = next(model.parameters()).device
+        eos_ids = _eos_ids(model, tokenizer)
+        out: list[list[Completion]] = []
+        was_training = model.training
+        model.eval()
+        old_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
+        try:
+            for start in range(0, len(prompts), sampling.batch_size):
+                chunk = prompts[start : start + sampling.batch_size]
+                texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
+                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
+                do_sample = sampling.temperature > 0
+                # Greedy decoding gives n identical samples: decode once and repeat (transformers
+                # refuses num_return_sequences > 1 without sampling).
+                n_gen = n if do_sample else 1
+                gen_kwargs = dict(
+                    max_new_tokens=sampling.max_new_tokens,
+                    do_sample=do_sample,
+                    num_return_sequences=n_gen,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=eos_ids,
+                )
+                if do_sample:
+                    gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+                if sampling.logprobs:  # raw logits (temperature 1, no top-p): what vLLM's raw_logprobs returns
+                    gen_kwargs.update(output_logits=True, return_dict_in_generate=True)
+                res = model.generate(**enc, **gen_kwargs)  # (len(chunk)*n, P+new)
+                seqs = res.sequences if sampling.logprobs else res
+                P = enc["input_ids"].shape[1]
+                lps = None
+                if sampling.logprobs:
+                    steps = torch.stack([torch.log_softmax(x.float(), -1) for x in res.logits], 1)  # (rows, new, V)
+                    lps = steps.gather(-1, seqs[:, P:P + steps.shape[1], None]).squeeze(-1)
+                for i, prompt in enumerate(chunk):
+                    mask = enc["attention_mask"][i].bool()
+                    p_ids = tuple(enc["input_ids"][i][mask].tolist())
+                    group = []
+                    for j in range(n):
+                        row = i * n_gen + (j if do_sample else 0)
+                        new = seqs[row, P:].tolist()
+                        ids, finished = _cut_at_eos(new, eos_ids, tokenizer.pad_token_id)
+                        text = tokenizer.decode(ids, skip_special_tokens=True)
+                        ptxt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+                        lp = tuple(float(x) for x in lps[row, :len(ids)]) if lps is not None else None
+                        group.append(Completion(prompt=ptxt, text=text, token_ids=tuple(ids),
+                                                prompt_token_ids=p_ids, logprobs=lp, finished=finished))
+                    out.append(group)
+        finally:
+            tokenizer.padding_side = old_side
+            if was_training:
+                model.train()
+        return out
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -121,13 +141,3 @@ def _cut_at_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> tuple
         if t in eos_ids:
             return ids[: k + 1], True
     return ids, False
-
-
-class HFGenerator:
-    """The :class:`Generator` protocol over an in-process transformers model."""
-
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
-
-    def generate(self, prompts, n, sampling, seed=None):
-        return generate(self.model, self.tokenizer, prompts, n=n, sampling=sampling, seed=seed)

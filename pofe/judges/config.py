@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import Field, TypeAdapter, field_validator
 
 from pofe.config import PofeConfig
+from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
 
 # The embedded model's name; kept equal to pofe.models.DEFAULT_MODEL (tested), not imported
@@ -245,9 +246,26 @@ class OpenAIJudgeConfig(_PairwiseLLMSettings):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, LP})
 
 
+class VLLMJudgeConfig(_PairwiseLLMSettings):
+    """``vllm``: pairwise judge on an in-process vLLM engine (both orders in one batch; a
+    choice outside the top-k list is read exactly through prompt log-probs, never as 0)."""
+
+    kind: Literal["vllm"] = "vllm"
+    model: str = DEFAULT_JUDGE_MODEL
+    """Judge model: embedded name, Hugging Face id or local directory."""
+    max_length: int | None = Field(4096, ge=1)
+    """Maximum judge prompt tokens (longer prompts keep their end)."""
+    vllm: VLLMSettings = VLLMSettings()
+    """The engine (shared with a vLLM policy of the same model)."""
+    # shares-weights: given the live policy, it reads through the policy's own engine and syncs
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, SW, LP})
+
+
 class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
-    backend: Literal["transformers", "llamacpp", "openai"] = "transformers"
+    backend: Literal["transformers", "llamacpp", "openai", "vllm"] = "transformers"
     """Where the judge model runs."""
+    vllm: VLLMSettings = VLLMSettings()
+    """backend vllm: the in-process engine."""
     endpoint: EndpointConfig = EndpointConfig()
     """backend openai: the endpoint."""
     llamacpp: LlamaCppConfig = LlamaCppConfig()
@@ -256,7 +274,7 @@ class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
     @property
     def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
         base = set(type(self).base_capabilities)
-        if self.backend == "transformers":
+        if self.backend in ("transformers", "vllm"):
             base.add(SW)
         return frozenset(base)
 
@@ -354,6 +372,7 @@ def _identity_fields(d: Any) -> Any:
 
 JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {
     "llm": LLMJudgeConfig,
+    "vllm": VLLMJudgeConfig,
     "llamacpp": LlamaCppJudgeConfig,
     "openai": OpenAIJudgeConfig,
     "rubric": RubricJudgeConfig,

@@ -35,6 +35,7 @@ from pofe.judges.config import (
     LlamaCppConfig,
     LlamaCppJudgeConfig,
     LLMJudgeConfig,
+    VLLMJudgeConfig,
     OpenAIJudgeConfig,
     ReferenceOverlapJudgeConfig,
     RewardModelJudgeConfig,
@@ -47,7 +48,7 @@ __all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_ju
            "CacheConfig", "CotConfig", "EndpointConfig", "LlamaCppConfig", "RubricConfig", "LLMJudgeConfig",
            "LlamaCppJudgeConfig", "OpenAIJudgeConfig", "RubricJudgeConfig", "ExpectedScoreJudgeConfig",
            "LengthJudgeConfig", "KeywordJudgeConfig", "ReferenceOverlapJudgeConfig", "CallableJudgeConfig",
-           "RewardModelJudgeConfig", "parse_judge_config"]
+           "RewardModelJudgeConfig", "VLLMJudgeConfig", "parse_judge_config"]
 
 
 # -- builders ------------------------------------------------------------------------------
@@ -110,6 +111,18 @@ def make_backend(cfg, kind: str, **runtime):
         return cls(gguf, tokenizer_name=tok_name, tokenizer=runtime.get("tokenizer"), n_ctx=lc.n_ctx,
                    n_parallel=lc.n_parallel, n_threads=lc.n_threads, top_logprobs=lc.top_logprobs,
                    timeout_s=lc.timeout_s)
+    if kind == "vllm":
+        generator = runtime.get("generator")
+        if generator is None and runtime.get("model") is not None:
+            # a live model (self-rewarding: the current policy judges itself) is read through its
+            # own vLLM generator, so policy sampling and judging share one engine and its syncs
+            from pofe.generation.base import SamplingConfig
+            from pofe.generation.vllm import generator_for
+
+            generator = generator_for(runtime["model"], runtime.get("tokenizer"),
+                                      SamplingConfig(engine="vllm", vllm=cfg.vllm))
+        return cls(cfg.model, settings=cfg.vllm, tokenizer=runtime.get("tokenizer"), max_length=cfg.max_length,
+                   generator=generator)
     e = cfg.endpoint
     return cls(e.base_url, model=e.model, api=e.api, api_key_env=e.api_key_env,
                concurrency=e.concurrency, timeout_s=e.timeout_s, max_retries=e.max_retries,
@@ -175,6 +188,7 @@ JUDGES: dict[str, Callable[..., object]] = {
     "llm": _pairwise("transformers"),
     "llamacpp": _pairwise("llamacpp"),
     "openai": _pairwise("openai"),
+    "vllm": _pairwise("vllm"),
     "rubric": _rubric,
     "expected-score": _expected_score,
     "length": _length,

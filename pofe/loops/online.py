@@ -51,7 +51,7 @@ from pydantic import Field, model_validator
 from pofe.config import PofeConfig
 from pofe.data.preferences import load_preferences
 from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
-from pofe.generation import SamplingConfig, generate
+from pofe.generation import SamplingConfig, generate, make_generator
 from pofe.judges.base import Capability, as_pairwise, has_capability
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.registry import build_judge
@@ -328,6 +328,11 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         resume_files(run_dir, start, int(state.get("ledger_offset", 0)))
     acc.wait_for_everyone()
     ddp_policy, optimizer = acc.prepare(policy, optimizer)
+    # The sampling engine. hf samples from the policy's own tensors; vllm keeps a copy that is
+    # synced after optimiser steps (every sampling.vllm.sync_every: semi-online when > 1).
+    # Built before the judges so that a vLLM judge of the same model shares its engine.
+    engine = make_generator(acc.unwrap_model(ddp_policy), tok, cfg.sampling)
+    sync_every, last_sync = cfg.sampling.vllm.sync_every, start
     loss_fn, beta = get_loss(cfg.loss.name), cfg.loss.beta_value
 
     # judges: the annotator (not needed offline) and the evaluation judge
@@ -365,6 +370,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     for step in range(start + 1, cfg.train.steps + 1):
         seed_everything(step_seed(cfg.seed, step, rank))
         t_step = time.perf_counter()
+        staleness = step - 1 - last_sync  # optimiser steps the sampling weights lag behind (hf: 0)
         sp = MODES[cfg.mode](lp, step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
         times, pairs = sp.times, sp.pairs
         fault_point(f"{step}:after_judge")
@@ -384,6 +390,11 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
             optimizer.step()
             times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
         optimizer.zero_grad(set_to_none=True)
+        if engine.name == "hf":
+            last_sync = step  # samples from the updated tensors themselves
+        elif step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step):
+            times["sync"] = engine.sync() if engine.stale else 0.0  # raises EngineSyncError: the run stops
+            last_sync = step
         lr = scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
             warnings.simplefilter("ignore", UserWarning)
@@ -399,6 +410,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
                 lp.ledger.write(loss_row(ps, step))
             row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=g_counts, times=times,
                                gen_tokens=g_tokens, gen_chars=g_chars, num_samples=g_samples, lr=lr, grad_norm=grad_norm)
+            row.update(engine=engine.name, time_sync=times.get("sync", 0.0), staleness=max(0, staleness),
+                       engine_syncs=getattr(engine, "syncs", 0))
         if _eval_now(cfg, step):
             ev = evaluate_vs_initial(acc, acc.unwrap_model(ddp_policy), tok, eval_judge, eval_ctx, my_eval, init_responses,
                                      sampling=cfg.eval.sampling, seed=cfg.seed, run_dir=run_dir, step=step)
@@ -436,7 +449,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     summary.update(run_dir=str(run_dir), final_model=str(final_dir), mode=cfg.mode, loss=cfg.loss.name, beta=beta,
                    labels=cfg.loss.labels, label_filter=cfg.labels.model_dump(),
                    judge=None if offline else getattr(judge, "id", cfg.judge.kind),
-                   processes=world, resumed_from=start if resume is not None else None)
+                   processes=world, resumed_from=start if resume is not None else None, engine=engine.name,
+                   engine_syncs=getattr(engine, "syncs", 0), engine_sync_seconds=round(getattr(engine, "sync_seconds", 0.0), 3))
     if identical is not None:
         summary["weights_identical_across_processes"] = identical
     if main:

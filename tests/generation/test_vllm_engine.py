@@ -1,0 +1,160 @@
+"""The vllm engine against the hf engine: no stale weights after updates (full fine-tuning
+and LoRA), sampling semantics, and a failed sync that stops instead of sampling old weights.
+
+The HF engine is the independent implementation: greedy token ids of the fp32 vLLM engine
+must equal HF ``generate``'s on the same weights after every one of k optimiser steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.generation.conftest import PROMPTS
+
+pytestmark = pytest.mark.usefixtures("vllm_ok")
+
+K = 3  # optimiser updates
+
+
+def _sampling(engine: str, lora_sync: str = "auto", **kw):
+    from pofe.generation import SamplingConfig
+
+    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024, "lora_sync": lora_sync}} if engine == "vllm" else {}
+    return SamplingConfig(engine=engine, **{"temperature": 0.0, "max_new_tokens": 12, **kw}, **extra)
+
+
+def _ids(groups):
+    return [g[0].token_ids for g in groups]
+
+
+def _update(model, tok, opt, text="The sea is blue and calm today."):
+    """One optimiser step of next-token loss on a fixed answer (moves greedy output)."""
+    from pofe.models import apply_chat_template
+
+    model.train()
+    prompt = apply_chat_template(tok, PROMPTS[0])
+    enc = tok(prompt + text, return_tensors="pt", add_special_tokens=False)
+    labels = enc["input_ids"].clone()
+    labels[:, :len(tok(prompt, add_special_tokens=False)["input_ids"])] = -100  # the answer only
+    loss = model(**enc, labels=labels).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _no_stale(model, tok, lr, lora_sync="auto"):
+    from pofe.generation import generate, make_generator
+
+    hf, vl = _sampling("hf"), _sampling("vllm", lora_sync=lora_sync)
+    gen = make_generator(model, tok, vl)
+    assert gen.name == "vllm" and make_generator(model, tok, vl) is gen  # one generator per model
+    first = _ids(generate(model, tok, PROMPTS, sampling=hf))
+    assert _ids(generate(model, tok, PROMPTS, sampling=vl)) == first
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for k in range(K):
+        _update(model, tok, opt)
+        assert gen.stale
+        seconds = gen.sync()  # what the online loop does after each optimiser step
+        assert seconds > 0 and not gen.stale
+        want = _ids(generate(model, tok, PROMPTS, sampling=hf))
+        assert _ids(generate(model, tok, PROMPTS, sampling=vl)) == want, f"after update {k + 1}"
+    assert want != first  # the updates moved greedy output, so equality above means the engine followed
+    # a generate call on changed weights without an explicit sync syncs first (never stale)
+    _update(model, tok, opt)
+    n = gen.syncs
+    assert _ids(generate(model, tok, PROMPTS, sampling=vl)) == _ids(generate(model, tok, PROMPTS, sampling=hf))
+    assert gen.syncs == n + 1
+    return gen
+
+
+def test_no_stale_weights_full_finetuning(tiny64_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    gen = _no_stale(model, tokenizer, lr=3e-2)
+    assert not gen.engine.lora and gen.engine.holds[0] == "full"
+
+
+@pytest.mark.parametrize("lora_sync", ["adapter", "merged"])
+def test_no_stale_weights_lora(tiny64_dir, tokenizer, lora_sync):
+    """adapter: a new LoRARequest per sync; merged: W + scale * B @ A pushed as full weights."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import generate
+    from pofe.training import LoraSettings, apply_lora
+
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
+                       LoraSettings(enabled=True, r=8, alpha=16))
+    gen = _no_stale(model, tokenizer, lr=3e-2, lora_sync=lora_sync)
+    assert gen.engine.lora == (lora_sync == "adapter")
+    assert not hasattr(model.get_base_model().model.layers[0].self_attn.q_proj, "merged") or \
+        not model.get_base_model().model.layers[0].self_attn.q_proj.merged  # training copy never merged
+    # pi_0 of a LoRA policy (adapter disabled) samples the base weights
+    with model.disable_adapter():
+        base_hf = _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("hf")))
+        base_vl = _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("vllm", lora_sync=lora_sync)))
+    assert base_vl == base_hf
+    # and back on: the trained adapter again
+    assert _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("vllm", lora_sync=lora_sync))) == \
+        _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("hf")))
+
+
+def test_sampling_semantics(tiny64_dir, tokenizer):
+    """n samples, seed, max tokens, stop at EOS (kept), per-token log-probs (vs HF forward)."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    s = _sampling("vllm", temperature=1.0, max_new_tokens=10, logprobs=True)
+    a = generate(model, tokenizer, PROMPTS[:2], n=3, sampling=s, seed=7)
+    b = generate(model, tokenizer, PROMPTS[:2], n=3, sampling=s, seed=7)
+    c = generate(model, tokenizer, PROMPTS[:2], n=3, sampling=s, seed=8)
+    assert [len(g) for g in a] == [3, 3]
+    assert _all(a) == _all(b) and _all(a) != _all(c)
+    assert len({x.token_ids for x in a[0]}) > 1  # the n samples of a prompt differ
+    eos = tokenizer.eos_token_id
+    for comp in (x for g in a for x in g):
+        assert 0 < comp.num_tokens <= 10
+        assert comp.finished == (comp.token_ids[-1] == eos) and eos not in comp.token_ids[:-1]
+        # log-probs: the model's own distribution at each generated position (temperature 1)
+        ids = torch.tensor([comp.prompt_token_ids + comp.token_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[0].float(), -1)
+        P = len(comp.prompt_token_ids)
+        want = [float(lp[P - 1 + t, tok]) for t, tok in enumerate(comp.token_ids)]
+        assert comp.logprobs == pytest.approx(want, abs=2e-3)
+    # greedy: n identical samples from one decode
+    g = generate(model, tokenizer, PROMPTS[:1], n=2, sampling=_sampling("vllm"))
+    assert g[0][0].token_ids == g[0][1].token_ids
+
+
+def _all(groups):
+    return [[x.token_ids for x in g] for g in groups]
+
+
+def test_failed_sync_stops_and_never_samples_old_weights(tiny64_dir, tokenizer, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import generate, make_generator
+    from pofe.generation.vllm import EngineSyncError
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    vl = _sampling("vllm")
+    gen = make_generator(model, tokenizer, vl)
+    gen.sync()
+
+    def broken(*a, **k):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(gen.engine.llm, "collective_rpc", broken)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with pytest.raises(EngineSyncError, match="worker died"):
+        gen.sync()
+    with pytest.raises(EngineSyncError, match="refusing to sample"):
+        generate(model, tokenizer, PROMPTS, sampling=vl)
+    monkeypatch.undo()
+    gen.sync()  # a working sync makes the engine usable again
+    assert _ids(generate(model, tokenizer, PROMPTS, sampling=vl)) == _ids(generate(model, tokenizer, PROMPTS,
+                                                                                   sampling=_sampling("hf")))
