@@ -310,3 +310,14 @@ def tiny_causal_lm(tokenizer, *, hidden_size: int = 32, num_layers: int = 2, num
     model = LlamaForCausalLM(cfg)
     model.eval()
     return model
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names/paths resolve to the same weights on disk (an annotator that is
+    the initial policy then shares its weights instead of loading a second copy)."""
+    import os
+
+    try:
+        return os.path.realpath(resolve_model_path(a)) == os.path.realpath(resolve_model_path(b))
+    except Exception:
+        return a == b

@@ -251,3 +251,29 @@ def test_embedded_model_labels_two_pairs(tmp_path):
     assert s["parsed"] == 2 and all(0.0 < r["p"] < 1.0 for r in rows)
     assert all(r["constitution_version"] == "hhh-1" and r["principle_id"] for r in rows)
     assert s["labels_per_second"] > 0 and sum(s["p_histogram"]["counts"]) == 2
+
+
+def test_label_applies_the_audit_calibration_map_and_keeps_p_raw(tmp_path):
+    """Issue 13 point 3: a temperature fitted by ``pofe audit`` is applied to every label.
+    T = 2 maps p = 0.9 to expit(logit(0.9) / 2) = 3/4 exactly (logit 0.9 = ln 9; e^{ln 9 / 2} = 3),
+    p = 0.2 to expit(-ln 4 / 2) = 1/3; an unparsed label stays unparsed."""
+    report = tmp_path / "audit.json"
+    report.write_text(json.dumps({"judge": "length", "calibration": {"sha256": "abc"},
+                                  "metrics": {"calibration": {"map": {"method": "temperature", "temperature": 2.0}}}}))
+    verdicts = [(0.9, 0.9, 0.9, True, False), (0.2, 0.2, 0.2, True, False), (None, None, None, None, False)]
+    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), judge={"kind": "length"}, calibration=str(report),
+                      run={"output_dir": str(tmp_path), "name": "cal"})
+    s = run(cfg, judge=Scripted(verdicts))
+    labels = [json.loads(x) for x in open(s["files"]["labels"])]
+    assert [r["p"] for r in labels[:2]] == pytest.approx([0.75, 1 / 3]) and labels[2]["p"] is None
+    assert [r["p_raw"] for r in labels] == [0.9, 0.2, None]
+    assert labels[0]["calibration"] == {"method": "temperature", "source": str(report), "calibration_sha256": "abc"}
+    prefs = [json.loads(x) for x in open(s["files"]["preferences"])]
+    assert [q["p"] for q in prefs] == pytest.approx([0.75, 2 / 3])  # oriented: max(p, 1 - p)
+    # a report without a fitted map is refused before any run folder is made
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"metrics": {}}))
+    with pytest.raises(ValueError, match="no metrics.calibration.map"):
+        run(LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), judge={"kind": "length"}, calibration=str(bad),
+                        run={"output_dir": str(tmp_path), "name": "cal-bad"}), judge=Scripted(verdicts))
+    assert not (tmp_path / "cal-bad").exists()

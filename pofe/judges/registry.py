@@ -44,7 +44,7 @@ from pofe.judges.config import (
     parse_judge_config,
 )
 
-__all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_judge", "make_backend",
+__all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_judge", "build_shared_judge", "make_backend",
            "CacheConfig", "CotConfig", "EndpointConfig", "LlamaCppConfig", "RubricConfig", "LLMJudgeConfig",
            "LlamaCppJudgeConfig", "OpenAIJudgeConfig", "RubricJudgeConfig", "ExpectedScoreJudgeConfig",
            "LengthJudgeConfig", "KeywordJudgeConfig", "ReferenceOverlapJudgeConfig", "CallableJudgeConfig",
@@ -213,3 +213,13 @@ def build_judge(cfg, **runtime):
         cfg = parse_judge_config(cfg)
     builder = JUDGES[cfg.kind]
     return builder(cfg, **runtime) if runtime else builder(cfg)
+
+
+def build_shared_judge(jcfg, *, model=None, tokenizer=None, judge_id: str | None = None):
+    """Build a judge; with ``model`` a judge that can share weights reads those (no cache:
+    they change — self-rewarding's M_t judging itself)."""
+    from pofe.judges.base import Capability, has_capability
+
+    if has_capability(jcfg, Capability.SHARES_WEIGHTS) and model is not None:
+        return build_judge(jcfg, model=model, tokenizer=tokenizer, cache=None, judge_id=judge_id)
+    return build_judge(jcfg)

@@ -88,6 +88,10 @@ class LabelConfig(PofeConfig):
     """Pairs per judge call."""
     filter: LabelFilterConfig = LabelFilterConfig()
     """Label hygiene: which labelled pairs go to preferences.jsonl."""
+    calibration: str | None = None
+    """An audit report (``pofe audit`` output) whose fitted calibration map (temperature or
+    isotonic) is applied to every label; ``p_raw`` keeps the judge's own p (the alternative to
+    the CoT clamp, rlaif-constitutional-ai "Choices that matter")."""
     log: LogConfig = LogConfig()
     """metrics.jsonl per judged batch, optional TensorBoard / W&B / MLflow, progress bar."""
     seed: int = 0
@@ -116,6 +120,15 @@ def label_row(prompt: str, a: str, b: str, j: Judgment) -> dict[str, Any]:
         "raw": list(j.raw),  # per-order generated text (the reasoning, with chain-of-thought)
         "extra": {k: v for k, v in (j.extra or {}).items() if isinstance(v, (str, int, float, bool, list, type(None)))},
     }
+
+
+def calibrated(p: float | None, calib: dict[str, Any]) -> dict[str, Any]:
+    """The row fields of a calibrated label: ``p`` mapped by the audit's fitted map, the
+    judge's own ``p_raw``, and where the map came from (unparsed stays unparsed)."""
+    from pofe.evaluation.calibrate import apply_calibration
+
+    return {"p": apply_calibration(p, calib), "p_raw": p,
+            "calibration": {k: calib.get(k) for k in ("method", "source", "calibration_sha256")}}
 
 
 def to_preference(row: dict[str, Any]) -> PreferencePair | None:
@@ -247,6 +260,11 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     # --- setup
     if cfg.pairs and resume is None:
         read_pairs(cfg.pairs)  # a bad pairs file fails before any run folder exists
+    calib = None
+    if cfg.calibration:  # a bad report fails before any run folder exists
+        from pofe.evaluation.calibrate import load_calibration_map
+
+        calib = load_calibration_map(cfg.calibration)
     run_dir = open_run(cfg.run, "label", resume=resume)
     if resume is None:
         write_config(run_dir, cfg)
@@ -285,6 +303,8 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
                 batch_rows = []
                 for (x, a, b), j in zip(chunk, js):
                     row = label_row(x, a, b, j)
+                    if calib is not None:
+                        row.update(calibrated(row["p"], calib))
                     row["dropped"] = drop_reason(row, cfg.filter)
                     batch_rows.append(row)
                     judgments.append(j)

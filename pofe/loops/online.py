@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 import warnings
 from pathlib import Path
@@ -56,7 +55,7 @@ from pofe.judges.base import Capability, as_pairwise, has_capability
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.registry import build_judge
 from pofe.losses import DEFAULT_BETA, get_loss
-from pofe.models import resolve_model_path
+from pofe.models import same_model
 from pofe.evaluation.vs_initial import evaluate_vs_initial
 from pofe.records import Completion, Prompt
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
@@ -246,13 +245,6 @@ MODES: dict[str, Callable[[LoopState, int], StepPairs]] = {"online": online_pair
 
 
 # ============================================================================ setup helpers
-
-def same_model(a: str, b: str) -> bool:
-    try:
-        return os.path.realpath(resolve_model_path(a)) == os.path.realpath(resolve_model_path(b))
-    except Exception:
-        return a == b
-
 
 def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Reference, tokenizer):
     """The judge and the context its calls run in. An LLM annotator with the same weights as

@@ -49,7 +49,7 @@ from pofe.generation.candidates import CandidateSettings, first_responses, score
 from pofe.generation.self_instruct import SelfInstructConfig, completion_fn, generate_prompts
 from pofe.judges.base import Capability, has_capability, require_capability
 from pofe.judges.config import JudgeConfig, RubricJudgeConfig
-from pofe.judges.registry import build_judge
+from pofe.judges.registry import build_shared_judge
 from pofe.loops.sft import SFTTrainSettings
 from pofe.runs import RunConfig, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, OptimConfig, seed_everything
@@ -165,22 +165,13 @@ class SelfRewardConfig(PofeConfig):
         return v
 
 
-# ============================================================================ judges
-
-def make_judge(jcfg: JudgeConfig, *, model=None, tokenizer=None, judge_id: str | None = None):
-    """Build a judge; with ``model`` an LLM judge shares those weights (no cache: they change)."""
-    if has_capability(jcfg, Capability.SHARES_WEIGHTS) and model is not None:
-        return build_judge(jcfg, model=model, tokenizer=tokenizer, cache=None, judge_id=judge_id)
-    return build_judge(jcfg)
-
+# ============================================================================ stages
 
 def _judge_runtime(cfg: SelfRewardConfig, model, tok, tag: str) -> dict[str, Any]:
     if cfg.judge_model == "self" and has_capability(cfg.judge, Capability.SHARES_WEIGHTS):
         return {"model": model, "tokenizer": tok, "judge_id": f"self:{tag}:{cfg.judge.kind}:{cfg.judge.template}"}
     return {}
 
-
-# ============================================================================ stages
 
 def _load(name: str, cfg: SelfRewardConfig):
     from pofe.models import load_model
@@ -215,7 +206,7 @@ def seed_stage(cfg: SelfRewardConfig, inp: Inputs, it_dir: Path) -> tuple[str, d
             if s.eft_writer == "sft_baseline":  # the paper: EFT targets come from the IFT-only SFT baseline
                 writer = sft_run(sft_cfg("sft_baseline"), examples=ift, run_dir=it_dir / "sft_baseline")["final_model"]
             model, tok = _load(writer, cfg)
-            judge = make_judge(cfg.judge, model=model, tokenizer=tok, judge_id=f"eft-writer:{Path(writer).name}")
+            judge = build_shared_judge(cfg.judge, model=model, tokenizer=tok, judge_id=f"eft-writer:{Path(writer).name}")
             write_eft_files(data_dir, inp.ranked_build, inp.ranked_eval, judge, rebalance_ratio=cfg.eft.rebalance_ratio,
                             seed=cfg.seed)
             free(model, judge)
@@ -310,7 +301,7 @@ def evaluate_stage(cfg: SelfRewardConfig, inp: Inputs, model, tok, t: int, it_di
         write_jsonl(path, [{"prompt": x, "response": y} for x, y in zip(inp.eval_prompts, resp)])
     m = measure_responses(inp.eval_prompts, resp, tok, yardstick, prev_eval)
     if cfg.evaluation.rm_metrics and inp.ranked_eval:
-        judge = make_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t}"))
+        judge = build_shared_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t}"))
         if has_capability(judge, Capability.POINTWISE):
             # the "perfect" score: 5 on the rubric; 1.0 for the [0, 1]-normalised expected score
             rubric = getattr(cfg.judge, "rubric", None)  # only the rubric kind has a score range
@@ -354,11 +345,11 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
     # The fixed yardstick for mean score / head-to-head: evaluation.judge, else the training
     # judge on M1 (fixed for the whole run, so iterations are compared on one scale).
     if cfg.evaluation.judge is not None:
-        yardstick = make_judge(cfg.evaluation.judge)
+        yardstick = build_shared_judge(cfg.evaluation.judge)
     else:
         ymodel, ytok = (_load(m1, cfg) if has_capability(cfg.judge, Capability.SHARES_WEIGHTS)
                         and cfg.judge_model == "self" else (None, None))
-        yardstick = make_judge(cfg.judge, model=ymodel, tokenizer=ytok, judge_id="yardstick:M1")
+        yardstick = build_shared_judge(cfg.judge, model=ymodel, tokenizer=ytok, judge_id="yardstick:M1")
     metrics_path = it_dir / "metrics.json"
     if metrics_path.exists():
         m = json.loads(metrics_path.read_text())
@@ -386,7 +377,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
             continue
         if model is None:
             model, tok = _load(prev_model, cfg)
-        judge = make_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t - 1}"))
+        judge = build_shared_judge(cfg.judge, **_judge_runtime(cfg, model, tok, f"M{t - 1}"))
         clock = StageClock()
 
         # 1. prompts; 2-3. candidates scored by M_{t-1}; 4. pairs
@@ -405,7 +396,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
         sel_judge = None
         prev_val: list[str] = []
         if cfg.selection.enabled and inp.val_prompts:
-            sel_judge = (make_judge(cfg.selection.judge) if cfg.selection.judge is not None else judge)
+            sel_judge = (build_shared_judge(cfg.selection.judge) if cfg.selection.judge is not None else judge)
             vpath = it_dir / "prev_val_responses.jsonl"
             if vpath.exists():
                 prev_val = [r["response"] for r in read_jsonl(vpath)]
