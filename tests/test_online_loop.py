@@ -336,6 +336,27 @@ def test_label_hygiene_drops_and_counts_inconsistent_and_low_margin_pairs():
     assert isinstance(label(Annotation("e", 1, Prompt("x"), a, b, _jv(0.6, True)), "hard", strict), type(pairs[0]))
 
 
+def test_calibration_map_is_applied_before_the_filters_and_ledgered(tmp_path):
+    """Issue 13 point 3 in ``pofe online``: ``labels.calibration`` (an audit report) maps each
+    judge p before the margin filter. T = 2: p = 0.9 -> expit(ln 9 / 2) = 3/4; p = 0.55 ->
+    expit(logit(0.55) / 2) = 0.525, under a 0.05 margin; the ledger keeps p_raw."""
+    import json
+
+    from pydantic import ValidationError
+
+    report = tmp_path / "audit.json"
+    report.write_text(json.dumps({"metrics": {"calibration": {"map": {"method": "temperature", "temperature": 2.0}}}}))
+    a, b = _c("long answer", (7, 8, 9)), _c("short", (4,))
+    anns = [Annotation("i0", 1, Prompt("x"), a, b, _jv(0.9, True)), Annotation("i1", 1, Prompt("x"), a, b, _jv(0.55, True))]
+    hy = LabelSettings(min_margin=0.05, calibration=str(report))
+    pairs, counts, rows = label_annotations(anns, "soft", 0, hy)
+    assert [p.pair_id for p in pairs] == ["i0"] and pairs[0].p == pytest.approx(0.75) and counts["low_margin"] == 1
+    assert rows[0]["p"] == pytest.approx(0.75) and rows[0]["p_raw"] == 0.9 and rows[0]["calibration"] == str(report)
+    assert rows[1]["p"] == pytest.approx(0.525, abs=1e-4)
+    with pytest.raises(ValidationError, match="not found"):  # a missing report fails at parse time
+        LabelSettings(calibration=str(tmp_path / "missing.json"))
+
+
 def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir):
     # a judge whose two orders never agree: with drop_inconsistent nothing is trained, and
     # metrics / summary say why
@@ -352,7 +373,7 @@ def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir
     assert judged > 0 and s["trained_pairs"] == 0
     assert s["inconsistent_pairs"] == judged == sum(r["inconsistent_pairs"] for r in rows)
     assert s["text_fallback_labels"] == judged
-    assert s["label_filter"] == {"drop_inconsistent": True, "min_margin": 0.0}
+    assert s["label_filter"] == {"drop_inconsistent": True, "min_margin": 0.0, "calibration": None}
     from pofe.cli.online import describe
 
     text = describe(s, cfg)  # what the CLI prints: the filter, its counts, and that nothing was trained

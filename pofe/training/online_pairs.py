@@ -10,11 +10,12 @@ The labelling rule is shared by every loop that trains on judge verdicts, so tha
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig, generate
@@ -35,6 +36,37 @@ class LabelSettings(PofeConfig):
     as a hard label it would be trained at full confidence)."""
     min_margin: float = Field(0.0, ge=0.0, le=0.5)
     """Drop pairs with |p - 1/2| below this (near-coin-flip labels); 0 keeps all."""
+    calibration: str | None = None
+    """An audit report (``pofe audit`` output) whose fitted calibration map is applied to every
+    label before the filters (ledger: ``p`` calibrated, ``p_raw`` the judge's own); checked
+    when the config is parsed."""
+
+    @field_validator("calibration")
+    @classmethod
+    def _readable_map(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                calibration_map(v)
+            except (OSError, ValueError) as e:
+                raise ValueError(str(e)) from None
+        return v
+
+
+@functools.lru_cache(maxsize=8)
+def calibration_map(report: str) -> dict:
+    from pofe.evaluation.calibrate import load_calibration_map
+
+    return load_calibration_map(report)
+
+
+def judged_p(ann: "Annotation", hygiene: LabelSettings) -> float | None:
+    """The annotation's p, calibrated by ``hygiene.calibration`` when set (None stays None)."""
+    p = None if ann.judgment is None else ann.judgment.p
+    if p is None or hygiene.calibration is None:
+        return p
+    from pofe.evaluation.calibrate import apply_calibration
+
+    return apply_calibration(p, calibration_map(hygiene.calibration))
 
 
 
@@ -127,7 +159,7 @@ def label(ann: Annotation, labels: str, hygiene: LabelSettings | None = None) ->
         return "unlabelled"
     if hygiene.drop_inconsistent and ann.judgment.consistent is False:
         return "inconsistent"
-    p = float(ann.judgment.p)
+    p = float(judged_p(ann, hygiene))
     if below_margin(p, hygiene.min_margin):
         return "low_margin"
     a, b = ann.a, ann.b
@@ -164,6 +196,8 @@ def label_annotations(anns: Sequence[Annotation], labels: str, rank: int, hygien
             counts[status] += 1
         rows.append(annotation_row(pair_id=ann.pair_id, step=ann.step, rank=rank, prompt=ann.prompt, a=ann.a, b=ann.b,
                                    judgment=ann.judgment, status=status, selected=ann.selected))
+        if hygiene is not None and hygiene.calibration is not None and ann.judgment is not None:
+            rows[-1].update(p=judged_p(ann, hygiene), p_raw=ann.judgment.p, calibration=hygiene.calibration)
     return pairs, counts, rows
 
 
