@@ -28,9 +28,6 @@ import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import expit, log_expit
-from scipy.stats import norm
 
 from pofe.evaluation.stats import fit_logistic
 
@@ -77,7 +74,12 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     """
     if n <= 0:
         return (0.0, 1.0)
-    z = _Z95 if level == 0.95 else float(norm.ppf(0.5 + level / 2))
+    if level == 0.95:
+        z = _Z95
+    else:
+        from scipy.stats import norm  # scipy on use: importing this module stays cheap for the CLI
+
+        z = float(norm.ppf(0.5 + level / 2))
     p = min(1.0, max(0.0, successes / n))
     z2 = z * z
     den = 1.0 + z2 / n
@@ -160,6 +162,8 @@ def length_controlled_win_rate_simple(y: Sequence[float], dlen: Sequence[float],
     No instruction-difficulty term; not comparable to AlpacaEval's LC (use
     :func:`length_controlled_win_rate`). ``y`` in {1, 1/2, 0} for A; ``dlen = len(A) - len(B)``.
     """
+    from scipy.special import expit  # scipy on use: importing this module stays cheap for the CLI
+
     y = np.asarray(y, dtype=float)
     dlen = np.asarray(dlen, dtype=float)
     if y.size == 0:
@@ -191,6 +195,9 @@ def length_controlled_win_rate(y: Sequence[float], dlen: Sequence[float], instru
     term is zero, so LC equals the tie-adjusted rate exactly. ``instructions`` groups rows of
     the same instruction (several turns, several opponents); default: one per row.
     """
+    from scipy.optimize import minimize
+    from scipy.special import expit, log_expit
+
     y = np.asarray(y, dtype=float)
     dlen = np.asarray(dlen, dtype=float)
     n = y.size
