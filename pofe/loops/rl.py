@@ -293,17 +293,13 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
     from pofe.data.prompts import load_prompt_texts as load_prompts
     from pofe.training import (
         Reference,
-        latest_checkpoint,
-        load_checkpoint,
         load_policy,
         make_optimizer,
         make_scheduler,
-        prune_checkpoints,
-        save_checkpoint,
         save_final,
         seed_everything,
     )
-    from pofe.training.resume import rewind_metrics
+    from pofe.training.resume import checkpoint_if_due, resume_from_checkpoint
 
     # --- setup: data first (a bad file fails before any run folder exists)
     prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
@@ -323,12 +319,8 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
     scheduler = make_scheduler(optimizer, cfg.optim, cfg.train.steps)
     start, state = 0, {}
     if resume is not None:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is not None:
-            info = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler)
-            start, state = info["step"], info["state"]
-        dropped = rewind_metrics(run_dir / "metrics.jsonl", start)
-        log.info("rl: resuming %s at step %d (%d metrics rows after the checkpoint dropped)", run_dir, start, dropped)
+        start, state = resume_from_checkpoint(run_dir, model=policy, optimizer=optimizer, scheduler=scheduler)
+        log.info("rl: resuming %s at step %d", run_dir, start)
 
     def eval_now():
         return measure(policy, tokenizer, eval_prompts, reward_fn, cfg.sampling, n=cfg.eval_samples,
@@ -349,11 +341,8 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
                                            seed=cfg.seed * 1000 + step, monitor_fn=monitor_fn)}
             sink.write(row)
             bar.update(row)
-            every = cfg.checkpoint.every
-            if step == cfg.train.steps or (every and step % every == 0):
-                save_checkpoint(run_dir / "checkpoints" / f"step-{step}", model=policy, optimizer=optimizer,
-                                scheduler=scheduler, step=step, state={"eval_before": before})
-                prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
+            checkpoint_if_due(run_dir, cfg.checkpoint, step, cfg.train.steps, model=policy, optimizer=optimizer,
+                              scheduler=scheduler, state={"eval_before": before})
     finally:
         bar.close()
         sink.close()

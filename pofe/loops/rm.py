@@ -196,16 +196,12 @@ def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenize
 
     ``resume``: a run folder to continue from its latest checkpoint (``cfg`` is its saved config)."""
     from pofe.training import (
-        latest_checkpoint,
-        load_checkpoint,
         make_optimizer,
         make_scheduler,
-        prune_checkpoints,
-        save_checkpoint,
         save_final,
         seed_everything,
     )
-    from pofe.training.resume import rewind_metrics
+    from pofe.training.resume import checkpoint_if_due, resume_from_checkpoint
 
     # --- setup: data first (a bad file fails before any run folder exists)
     train, eval_pairs, per_source = load_data(cfg)
@@ -224,12 +220,8 @@ def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenize
     loss_fn = get_rm_loss(cfg.loss)
     start, state = 0, {}
     if resume is not None:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is not None:
-            info = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
-            start, state = info["step"], info["state"]
-        dropped = rewind_metrics(run_dir / "metrics.jsonl", start)
-        log.info("rm: resuming %s at step %d (%d metrics rows after the checkpoint dropped)", run_dir, start, dropped)
+        start, state = resume_from_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
+        log.info("rm: resuming %s at step %d", run_dir, start)
 
     def evaluate():
         return evaluate_reward_model(model, tokenizer, eval_pairs, batch_size=cfg.train.batch_size,
@@ -257,11 +249,8 @@ def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenize
                             "eval_margin_mean": ev["margin"]["mean"]})
             sink.write(row)
             bar.update(row)
-            every = cfg.checkpoint.every
-            if step == total or (every and step % every == 0):
-                save_checkpoint(run_dir / "checkpoints" / f"step-{step}", model=model, optimizer=optimizer,
-                                scheduler=scheduler, step=step, state={"eval_before": before})
-                prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
+            checkpoint_if_due(run_dir, cfg.checkpoint, step, total, model=model, optimizer=optimizer,
+                              scheduler=scheduler, state={"eval_before": before})
     finally:
         bar.close()
         sink.close()

@@ -58,3 +58,32 @@ class CheckpointConfig(PofeConfig):
     """Checkpoint every N optimiser steps (0 = only at the end)."""
     keep_last: int = Field(2, ge=0)
     """Checkpoints kept on disk (0 keeps all)."""
+
+
+def resume_from_checkpoint(run_dir: Path, *, model, optimizer, scheduler) -> tuple[int, dict]:
+    """(step, saved state) of a resumed run: its latest checkpoint loaded into ``model``/
+    ``optimizer``/``scheduler`` ((0, {}) when it has none), and ``metrics.jsonl`` rewound to
+    that step so the resumed run never writes a step twice."""
+    from pofe.training import latest_checkpoint, load_checkpoint
+
+    start, state = 0, {}
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        info = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+        start, state = info["step"], info["state"]
+    rewind_metrics(Path(run_dir) / "metrics.jsonl", start)
+    return start, state
+
+
+def checkpoint_if_due(run_dir: Path, ckpt: "CheckpointConfig", step: int, total: int, *, model, optimizer, scheduler,
+                      state: dict) -> bool:
+    """Write ``checkpoints/step-N`` at the last step and every ``ckpt.every`` steps (keeping
+    the last ``ckpt.keep_last``): everything an exact resume needs."""
+    from pofe.training import prune_checkpoints, save_checkpoint
+
+    if not (step == total or (ckpt.every and step % ckpt.every == 0)):
+        return False
+    save_checkpoint(Path(run_dir) / "checkpoints" / f"step-{step}", model=model, optimizer=optimizer,
+                    scheduler=scheduler, step=step, state=state)
+    prune_checkpoints(run_dir, ckpt.keep_last)
+    return True
