@@ -272,3 +272,32 @@ def choice_variants(choice: str) -> tuple[str, ...]:
     """The spellings of one answer that count as that answer: as written and with a
     leading space (BPE vocabularies often have both)."""
     return tuple(dict.fromkeys([choice, " " + choice]))
+
+
+class SingleTokenChoices:
+    """``variant_ids`` / ``validate_choices`` for a backend that holds its judge's tokenizer
+    (in-process transformers and vLLM): a choice is read from one next-token distribution, so
+    only its single-token spellings count. Needs ``self.tokenizer``, ``self.model_name`` and a
+    ``self._variant_ids`` dict."""
+
+    def variant_ids(self, choice: str) -> list[int]:
+        """Token ids of the single-token spellings of ``choice`` (multi-token spellings
+        cannot be read from one next-token distribution and are skipped)."""
+        if choice not in self._variant_ids:
+            ids = []
+            for v in choice_variants(choice):
+                enc = self.tokenizer.encode(v, add_special_tokens=False)
+                if len(enc) == 1:
+                    ids.append(enc[0])
+            self._variant_ids[choice] = sorted(set(ids))
+        return self._variant_ids[choice]
+
+    def validate_choices(self, choices: Sequence[str]) -> None:
+        for c in choices:
+            if not self.variant_ids(c):
+                raise JudgeConfigError(f"judge choice {c!r} is not a single token (with or without a leading space) for "
+                                       f"{self.model_name}; pick choices the tokenizer encodes as one token, e.g. '1'/'2' "
+                                       f"or 'A'/'B'")
+        sets = [set(self.variant_ids(c)) for c in choices]
+        if len(set().union(*sets)) != sum(len(s) for s in sets):
+            raise JudgeConfigError(f"judge choices {list(choices)} share a token for {self.model_name}")

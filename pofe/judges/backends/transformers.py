@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, JudgeConfigError, choice_variants
+from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
 log = logging.getLogger(__name__)
 
 
-class TransformersBackend:
+class TransformersBackend(SingleTokenChoices):
     """A causal LM in this process, fp32 on CPU by default, batched with left padding.
 
     The model is loaded on first use, so a fully cached run never loads it. Only the last
@@ -94,27 +94,6 @@ class TransformersBackend:
         return apply_chat_template(self.tokenizer, req.user) + req.assistant_prefix
 
     # -- choices ----------------------------------------------------------------------
-    def variant_ids(self, choice: str) -> list[int]:
-        """Token ids of the single-token spellings of ``choice`` (multi-token spellings
-        cannot be read from one next-token distribution and are skipped)."""
-        if choice not in self._variant_ids:
-            ids = []
-            for v in choice_variants(choice):
-                enc = self.tokenizer.encode(v, add_special_tokens=False)
-                if len(enc) == 1:
-                    ids.append(enc[0])
-            self._variant_ids[choice] = sorted(set(ids))
-        return self._variant_ids[choice]
-
-    def validate_choices(self, choices: Sequence[str]) -> None:
-        for c in choices:
-            if not self.variant_ids(c):
-                raise JudgeConfigError(f"judge choice {c!r} is not a single token (with or without a leading space) for "
-                                 f"{self.model_name}; pick choices the tokenizer encodes as one token, e.g. '1'/'2' or 'A'/'B'")
-        sets = [set(self.variant_ids(c)) for c in choices]
-        if len(set().union(*sets)) != sum(len(s) for s in sets):
-            raise JudgeConfigError(f"judge choices {list(choices)} share a token for {self.model_name}")
-
     def _encode(self, texts: list[str]) -> list[list[int]]:
         out = []
         for t in texts:

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 from pofe.generation.base import VLLMSettings
 from pofe.judges.backends.transformers import _weights_identity
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, choice_variants
+from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
 
-class VLLMBackend:
+class VLLMBackend(SingleTokenChoices):
     kind = "vllm"
 
     def __init__(self, model_name: str, *, settings: VLLMSettings | None = None, tokenizer=None, top_logprobs: int = 20,
@@ -99,25 +99,6 @@ class VLLMBackend:
         return out
 
     # -- choices ------------------------------------------------------------------------
-    def variant_ids(self, choice: str) -> list[int]:
-        if choice not in self._variant_ids:
-            ids = []
-            for v in choice_variants(choice):
-                enc = self.tokenizer.encode(v, add_special_tokens=False)
-                if len(enc) == 1:
-                    ids.append(enc[0])
-            self._variant_ids[choice] = sorted(set(ids))
-        return self._variant_ids[choice]
-
-    def validate_choices(self, choices: Sequence[str]) -> None:
-        for c in choices:
-            if not self.variant_ids(c):
-                raise ValueError(f"judge choice {c!r} is not a single token (with or without a leading space) for "
-                                 f"{self.model_name}; pick choices the tokenizer encodes as one token, e.g. '1'/'2'")
-        sets = [set(self.variant_ids(c)) for c in choices]
-        if len(set().union(*sets)) != sum(len(s) for s in sets):
-            raise ValueError(f"judge choices {list(choices)} share a token for {self.model_name}")
-
     def read_choices(self, requests: Sequence[Rendered], choices: Sequence[str]) -> list[ChoiceRead]:
         from vllm import SamplingParams
 
