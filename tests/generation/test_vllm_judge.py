@@ -21,10 +21,11 @@ VLLM = {"dtype": "float32", "max_model_len": 1024}
 
 
 def _judge(kind: str, model_dir, **kw):
-    from pofe.judges.registry import JudgeConfig, build_judge
+    from pofe.judges.registry import build_judge, parse_judge_config
 
     extra = {"vllm": VLLM} if kind == "vllm" or kw.get("backend") == "vllm" else {}
-    return build_judge(JudgeConfig(kind=kind, model=str(model_dir), cache={"enabled": False}, **extra, **kw))
+    return build_judge(parse_judge_config({"kind": kind, "model": str(model_dir), "cache": {"enabled": False},
+                                           **extra, **kw}))
 
 
 def _per_order(verdicts):
@@ -110,13 +111,14 @@ def test_self_judging_reads_the_current_policy_on_its_own_engine(tiny64_dir, tok
     from transformers import AutoModelForCausalLM
 
     from pofe.generation import SamplingConfig, make_generator
-    from pofe.judges.registry import JudgeConfig, build_judge
+    from pofe.judges.registry import build_judge, parse_judge_config
 
     policy = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
     gen = make_generator(policy, tokenizer, SamplingConfig(engine="vllm", vllm=VLLM))
     cfg = dict(kind="expected-score", model=str(tiny64_dir), cache={"enabled": False})
-    vj = build_judge(JudgeConfig(backend="vllm", vllm=VLLM, **cfg), model=policy, tokenizer=tokenizer, cache=None)
-    hj = build_judge(JudgeConfig(**cfg), model=policy, tokenizer=tokenizer, cache=None)
+    vj = build_judge(parse_judge_config({"backend": "vllm", "vllm": VLLM, **cfg}), model=policy, tokenizer=tokenizer,
+                     cache=None)
+    hj = build_judge(parse_judge_config(cfg), model=policy, tokenizer=tokenizer, cache=None)
     assert vj.backend.engine is gen.engine and not vj.backend.cacheable
     prompts, responses = ["Name a colour."], ["Blue."]
     before = vj.score(prompts, responses)[0].score

@@ -69,13 +69,14 @@ def vllm_server(tmp_path_factory):
 
 
 def test_vllm_serve_judge_agrees_with_transformers(vllm_server):
-    from pofe.judges.registry import JudgeConfig, build_judge
+    from pofe.judges.registry import build_judge, parse_judge_config
 
     p, a, b = map(list, zip(*PAIRS))
-    served = build_judge(JudgeConfig(kind="openai", cache={"enabled": False},
-                                     endpoint={"base_url": vllm_server, "model": "smollm2", "api": "completions",
-                                               "tokenizer": "smollm2-135m-instruct", "top_logprobs": 20}))
-    local = build_judge(JudgeConfig(kind="llm", model="smollm2-135m-instruct", cache={"enabled": False}))
+    served = build_judge(parse_judge_config({
+        "kind": "openai", "cache": {"enabled": False},
+        "endpoint": {"base_url": vllm_server, "model": "smollm2", "api": "completions",
+                     "tokenizer": "smollm2-135m-instruct", "top_logprobs": 20}}))
+    local = build_judge(parse_judge_config({"kind": "llm", "model": "smollm2-135m-instruct", "cache": {"enabled": False}}))
     got, want = served.judge(p, a, b), local.judge(p, a, b)
     for g, w in zip(got, want):
         assert g.parse_ok and g.p_ab is not None and g.p_ba is not None
