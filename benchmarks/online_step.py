@@ -39,6 +39,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="policy weights")
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="sampling engine")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="train.precision: bf16 autocast of the policy and reference passes (fp32 master weights)")
+    ap.add_argument("--judge-dtype", choices=["float32", "bfloat16"], default="float32", help="llm judge weights")
     ap.add_argument("--vllm-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--lora-sync", choices=["auto", "adapter", "merged"], default="auto")
     ap.add_argument("--steps", type=int, default=6)
@@ -61,7 +64,7 @@ def main(argv=None) -> dict:
     sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
-            f"model.dtype={args.dtype}", f"model.device={args.device}",
+            f"model.dtype={args.dtype}", f"model.device={args.device}", f"train.precision={args.precision}",
             f"model.name={args.model}", f"judge.model={args.model}", "eval.enabled=false", f"run.output_dir={out}",
             "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
     if args.prompts:
@@ -70,6 +73,8 @@ def main(argv=None) -> dict:
         sets += ["sampling.engine=vllm", f"sampling.vllm.dtype={args.vllm_dtype}", "sampling.vllm.max_model_len=1024"]
         if args.lora_sync != "auto":
             sets.append(f"sampling.vllm.lora_sync={args.lora_sync}")
+    if args.judge == "llm":
+        sets.append(f"judge.dtype={args.judge_dtype}")
     if args.judge == "vllm":
         sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
     cfg = load_config(OnlineConfig, None, sets)
@@ -84,7 +89,7 @@ def main(argv=None) -> dict:
              "reference": med("time_reference"),
              "policy_fwd_bwd": med("time_policy"), "optimizer": med("time_optimizer")}
     result = {
-        "engine": args.engine, "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "engine": args.engine, "precision": args.precision, "judge_dtype": args.judge_dtype, "judge": args.judge, "lora": args.lora, "steps": len(rows),
         "engine_syncs": summary.get("engine_syncs"),
         "seconds_per_step": round(statistics.median(walls), 2) if walls else None,
         "seconds_per_step_in_loop": round(med("time_step"), 2),

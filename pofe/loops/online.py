@@ -13,16 +13,14 @@ Each step of Algorithm 1:
    sampling or annotation (the explainer's "stop_gradient").
 
 Modes: ``online`` (the above), ``iterative`` (steps 1-3 for the next K steps at once, then K
-updates: the policy that labels is up to K-1 updates stale), ``offline`` (pairs from a fixed
-preference file: the baseline OAIF is compared against). Steering the objective is only a
-change of ``judge.template`` (Sec. 4.6: helpful -> helpful-short -> helpful-very-short).
+updates: labels up to K-1 updates stale), ``offline`` (pairs from a fixed file: OAIF's baseline).
+Steering the objective is a change of ``judge.template`` (Sec. 4.6: helpful -> helpful-short).
 
 Run folder: ``config.yaml``, ``metrics.jsonl``, ``ledger.jsonl`` (every annotation, appended
 the moment it exists; row schemas in :mod:`pofe.training.ledger`), ``eval/`` (win rates vs the
 initial policy), ``checkpoints/step-N`` (exact resume), ``final/`` (``save_pretrained``).
-This module reads top to bottom: config -> the three modes' pairs -> run (setup -> loop ->
-save). Sampling, labelling, the DAP update, metrics and data-parallel plumbing live in
-:mod:`pofe.training` (``online_pairs``, ``dap``, ``metrics``, ``ledger``, ``parallel``).
+Reads top to bottom: config -> the three modes' pairs -> run (setup -> loop -> save); the
+rest lives in :mod:`pofe.training` (``online_pairs``, ``dap``, ``metrics``, ``ledger``, ``parallel``).
 
 Data parallel (built on accelerate; each process samples and labels its own prompts, the
 gradients are all-reduced, process 0 writes the run folder)::
@@ -31,8 +29,7 @@ gradients are all-reduced, process 0 writes the run folder)::
     accelerate launch --num_processes 8 -m pofe.cli.main online --config C.yaml                # GPUs, DDP
     accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # DeepSpeed ZeRO-1/2
 
-A step uses ``processes x train.batch_size x train.grad_accum`` prompts. FSDP / ZeRO-3 are
-refused (sampling from the current policy needs whole parameters).
+A step uses ``processes x batch_size x grad_accum`` prompts; FSDP / ZeRO-3 are refused (sampling needs whole parameters).
 """
 
 from __future__ import annotations
@@ -63,6 +60,7 @@ from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, fa
                            latest_checkpoint, load_checkpoint, load_policy, make_optimizer, make_scheduler,
                            prune_checkpoints, save_checkpoint, save_final, seed_everything)
 from pofe.training.dap import TokenPair, dap_backward, tokenize_pair
+from pofe.training.precision import Precision
 from pofe.training.ledger import loss_row, offset, resume_files
 from pofe.training.metrics import step_metrics, summarise
 from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
@@ -107,6 +105,8 @@ class TrainSettings(PofeConfig):
     vs worst (by mean win probability) is trained on."""
     iterative_every: int = Field(4, ge=1)
     """mode=iterative: regenerate and relabel every K steps (K=1 is online)."""
+    precision: Precision = "fp32"
+    """bf16: policy and reference passes under bf16 autocast, fp32 master weights (AMX CPUs, GPUs)."""
 
 
 class DataSettings(PofeConfig):
@@ -372,8 +372,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         grad_norm, res = None, None
         if n_global > 0:
             res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
-                               normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward,
-                               no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, device=acc.device)
+                               normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward, device=acc.device,
+                               no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, precision=cfg.train.precision)
             for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
                 check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
             t_opt = time.perf_counter()

@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from pofe.logprobs import SequenceBatch, build_batch
+from pofe.logprobs import SequenceBatch, build_batch, selective_logprobs
 from pofe.losses import PreferenceLoss
+from pofe.training.precision import Precision, autocast
 
 
 @dataclass(frozen=True)
@@ -140,15 +141,10 @@ def completion_logps(model, batch: SequenceBatch, width: int) -> torch.Tensor:
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
                    logits_to_keep=width + 1).logits  # (B, width+1, V)
-    # logits at position t predict token t+1: the kept ones predict the last `width` tokens
-    logits = logits[:, :-1]
-    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in at least fp32
-        logits = logits.float()
-    lp = torch.log_softmax(logits, dim=-1)
+    # logits at position t predict token t+1: the kept ones predict the last `width` tokens;
+    # fp32 logsumexp - gather, no (B, width, V) log-softmax kept for the backward
+    tok = selective_logprobs(logits[:, :-1], batch.input_ids[:, -width:])  # (B, width)
     del logits
-    targets = batch.input_ids[:, -width:]
-    tok = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, width)
-    del lp
     return (tok * batch.completion_mask[:, -width:].to(tok.dtype)).sum(-1)
 
 
@@ -166,6 +162,7 @@ def dap_backward(
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
     lockstep: bool = False,
     device=None,
+    precision: Precision = "fp32",
 ) -> DapResult:
     """Accumulate the gradient of the mean DAP loss over ``pairs`` into ``policy``.
 
@@ -180,6 +177,8 @@ def dap_backward(
         no_sync: context manager factory suppressing the gradient all-reduce on all but the
             last micro-batch (``lambda: accelerator.no_sync(model)``).
         lockstep: run a zero-weight dummy pass for empty micro-batches (data parallel).
+        precision: ``bf16`` runs both forwards (and so the backward) under bf16 autocast, fp32
+            master weights (:mod:`pofe.training.precision`).
 
     Returns:
         Per-pair losses and implicit rewards, plus time split and token count.
@@ -199,10 +198,11 @@ def dap_backward(
             batch, width = pairs_batch(chunk, pad_token_id, device)
             m = len(chunk)
             t0 = time.perf_counter()
-            with reference.model() as ref_model:  # pi_0, no grad, one pass for both responses
+            with reference.model() as ref_model, autocast(precision, device):  # pi_0, no grad, both responses
                 ref_lp = completion_logps(ref_model, batch, width)
             t1 = time.perf_counter()
-            pol_lp = completion_logps(policy, batch, width)  # log pi_theta(y|x), (2m,)
+            with autocast(precision, device):
+                pol_lp = completion_logps(policy, batch, width)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)
             backward(out.losses.sum() / normaliser)
