@@ -5,7 +5,7 @@ both-order SmolLM2 annotator, 4 prompts x 2 samples, 48 new tokens, DPO beta 0.1
 first excluded) on the same prompts (``../shared/anchors/trl/bench_prompts.jsonl``). Machines
 and load change absolute times, not the ratio of a paired run, so report medians of rounds.
 
-    python benchmarks/vs_trl.py --rounds 2 --pofe "--engine hf --precision bf16" --trl "--bf16"
+    python benchmarks/vs_trl.py --rounds 2 --pofe="--precision bf16 --judge-dtype bfloat16" --trl=--bf16
 
 Needs the TRL anchor environment: ``bash ../shared/anchors/trl/setup.sh`` (once).
 """
