@@ -30,8 +30,7 @@ import numpy as np
 
 from pofe.config import PofeConfig
 from pofe.evaluation.winrate import (
-    LOSS, TIE, WIN, compare_policies, count_outcomes, judge_pairs, length_controlled_win_rate,
-    length_controlled_win_rate_simple, outcome_value, pair_outcome,
+    compare_policies, count_outcomes, length_controlled_win_rate, length_controlled_win_rate_simple, outcome_value,
 )
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
@@ -39,7 +38,7 @@ from pofe.training import DeviceConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOSS", "TIE", "WIN", "EvalConfig", "judge_pairs", "pair_outcome", "run_eval", "summarise_outcomes"]
+__all__ = ["EvalConfig", "run_eval", "summarise_outcomes"]
 
 
 # --------------------------------------------------------------------------- pure statistics
