@@ -45,7 +45,7 @@ from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.records import Judgment, PreferencePair
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
-from pofe.training import ModelConfig
+from pofe.training import ModelConfig, fault_point
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,9 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     # preferences.jsonl is rebuilt from them, so no pair is labelled or written twice.
     labels_file = run_dir / "labels.jsonl"
     rows: list[dict[str, Any]] = read_jsonl(labels_file) if resume is not None and labels_file.exists() else []
+    # Only whole batches are kept: a batch cut short by a crash is judged again as one batch,
+    # so batch boundaries, metrics rows and batched reads are those of an uninterrupted run.
+    rows = rows[: len(rows) // cfg.batch_size * cfg.batch_size]
     done = len(rows)
     atomic_write_text(run_dir / "labels.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     prefs = [to_preference(r) for r in rows if r.get("dropped") is None]
@@ -311,6 +314,7 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
                     lw.write(row)
                     if row["dropped"] is None:
                         pw.write(to_preference(row).to_dict())
+                    fault_point(f"{start // cfg.batch_size + 1}:row_{len(batch_rows)}")  # crash/resume suite: mid-batch
                 rows += batch_rows
                 st = label_stats(batch_rows)
                 m = {"step": start // cfg.batch_size + 1, "pairs": len(batch_rows), "parsed": st["parsed"],
@@ -319,6 +323,7 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
                      "text_fallback": sum(bool(r["text_fallback"]) for r in batch_rows)}
                 sink.write(m)
                 bar.update(m)
+                fault_point(f"{m['step']}:after_batch")  # crash/resume suite: a judged batch written
     finally:
         bar.close()
         sink.close()

@@ -49,7 +49,7 @@ from pofe.generation import SamplingConfig
 from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
-from pofe.training import ModelConfig, OptimConfig
+from pofe.training import ModelConfig, OptimConfig, fault_point
 from pofe.training.resume import CheckpointConfig
 from pofe.training.rl import (
     JudgeScoreReward,
@@ -341,8 +341,10 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
                                            seed=cfg.seed * 1000 + step, monitor_fn=monitor_fn)}
             sink.write(row)
             bar.update(row)
-            checkpoint_if_due(run_dir, cfg.checkpoint, step, cfg.train.steps, model=policy, optimizer=optimizer,
-                              scheduler=scheduler, state={"eval_before": before})
+            fault_point(f"{step}:after_step")  # crash/resume suite: metrics row written, no checkpoint yet
+            if checkpoint_if_due(run_dir, cfg.checkpoint, step, cfg.train.steps, model=policy, optimizer=optimizer,
+                                 scheduler=scheduler, state={"eval_before": before}):
+                fault_point(f"{step}:after_checkpoint")
     finally:
         bar.close()
         sink.close()

@@ -52,7 +52,7 @@ from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.judges.registry import build_shared_judge
 from pofe.loops.sft import SFTTrainSettings
 from pofe.runs import RunConfig, open_run, read_jsonl, write_config
-from pofe.training import ModelConfig, OptimConfig, seed_everything
+from pofe.training import ModelConfig, OptimConfig, fault_point, seed_everything
 from pofe.training.metrics import iteration_row, truncate_metrics
 from pofe.training.settings import CheckpointSettings
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
@@ -331,11 +331,15 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
     bar = Progress(cfg.log, total=cfg.iterations, initial=done, desc="pofe self-reward",
                    show=(("mean_score", "score", "{:.3f}"), ("eval_mean_score", "eval", "{:.3f}")))
 
-    def finished(m: dict[str, Any]) -> None:  # an iteration's metrics: on disk, in the sink, on the bar
-        write_json(run_dir / f"iter_{m['iteration']}" / "metrics.json", m)
+    def finished(m: dict[str, Any]) -> None:  # an iteration's metrics: in the sink, on the bar, on disk
         row = iteration_row(m)
         sink.write(row)
         bar.update(row)
+        # metrics.json is the "iteration finished" marker, so it is written last: a crash
+        # between the two writes then redoes the iteration (its metrics row is rewound above)
+        # instead of skipping it with its metrics.jsonl row lost.
+        write_json(run_dir / f"iter_{m['iteration']}" / "metrics.json", m)
+        fault_point(f"sr{m['iteration']}:after_iteration")  # crash/resume suite (POFE_FAULT)
 
     # ------------------------------------------------------------------ M1
     it_dir = run_dir / "iter_1"
@@ -383,6 +387,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
         # 1. prompts; 2-3. candidates scored by M_{t-1}; 4. pairs
         prompts, p_stats = prompts_stage(cfg, inp, model, tok, machine, t, it_dir)
         clock.lap("prompts")
+        fault_point(f"sr{t}:after_prompts")
         machine += prompts
         rows = scored_candidates(it_dir / "data" / "candidates.jsonl", prompts, model, tok, judge, cfg.candidates,
                                  seed=lambda start: stage_seed(cfg.seed, "cand", t, start))
@@ -390,6 +395,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
         pairs, pair_counts = build_pairs(rows)
         aift = it_dir / "data" / "aift.jsonl"
         write_jsonl(aift, pairs)
+        fault_point(f"sr{t}:after_pairs")
         gen_stats = score_stats(rows, pairs)
 
         # 5. DPO from M_{t-1} with reference M_{t-1}; 6. checkpoint selection
@@ -410,6 +416,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
             # (A self-judge keeps M_{t-1}'s weights alive through DPO: it selects checkpoints next.)
             dpo = dpo_stage(cfg, prev_model, aift, len(pairs), t, it_dir)
             clock.lap("dpo")
+            fault_point(f"sr{t}:after_dpo")
             model_dir = str(select_checkpoint(
                 it_dir, Path(dpo["final_model"]), cfg.selection, load=lambda c: _checkpoint_policy(cfg, prev_model, c, Path(dpo["final_model"])),
                 respond=lambda m, tk: first_responses(m, tk, inp.val_prompts, cfg.evaluation.sampling,
@@ -423,6 +430,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
         sel = json.loads((it_dir / "selection.json").read_text()) if (it_dir / "selection.json").exists() else {}
         free(judge, sel_judge)
         clock.lap("selection")
+        fault_point(f"sr{t}:after_selection")
 
         # 7. evaluation of M_t
         model, tok = _load(model_dir, cfg)
