@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
 
 from pofe.config import PofeConfig
 from pofe.evaluation.winrate import (
@@ -109,15 +110,15 @@ class EvalConfig(PofeConfig):
     prompts: str | None = None
     """Prompt file (.txt one per line, .jsonl/.json with prompt/instruction/input/text, or FastChat
     MT-Bench question.jsonl with ``turns`` for two-turn evaluation); default: the prompts of a responses file."""
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
     """Use only the first N prompts."""
     judge: JudgeConfig = LLMJudgeConfig()
     model: DeviceConfig = DeviceConfig()
     """Device and dtype of the policies generated here (``model.device``: auto|cpu|cuda|mps)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.7)
     length_unit: Literal["chars", "words"] = "chars"
-    n_buckets: int = 4
-    n_boot: int = 200
+    n_buckets: int = Field(4, ge=1)
+    n_boot: int = Field(200, ge=1)
     """Bootstrap resamples of the Bradley-Terry intervals (3+ policies)."""
     seed: int = 0
     refusal: bool = True
