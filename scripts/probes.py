@@ -241,19 +241,19 @@ def online_args(ctx: Ctx, d: Path, *extra: str, name: str = "r") -> list[str]:
 
 def sft_args(ctx: Ctx, d: Path, *extra: str, ift: Path | None = None) -> list[str]:
     # settings as --set (not --steps / --name): a later --set in a probe then overrides them
-    return ["sft", "--ift", str(ift or D(ctx, "ift.jsonl")), "--model", str(ctx.tiny), "--output-dir", str(d / "runs"),
-            *sets("train.steps=2", "train.batch_size=2", "train.grad_accum=1", "log.progress=false", "log.tensorboard=false", *extra)]
+    return ["sft", "--ift", str(ift or D(ctx, "ift.jsonl")),
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", "train.steps=2", "train.batch_size=2", "train.grad_accum=1", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
 def rl_args(ctx: Ctx, d: Path, *extra: str, name: str = "r", steps: int = 2) -> list[str]:
-    return ["rl", "--model", str(ctx.tiny), "--prompts", str(D(ctx, "prompts.txt")), "--output-dir", str(d / "runs"),
-            *sets(f"train.steps={steps}", f"run.name={name}", "train.batch_size=2", "train.group_size=2", "eval_prompts=2", "eval_samples=1",
+    return ["rl", "--prompts", str(D(ctx, "prompts.txt")),
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"train.steps={steps}", f"run.name={name}", "train.batch_size=2", "train.group_size=2", "eval_prompts=2", "eval_samples=1",
                   "sampling.max_new_tokens=4", "optim.lr=1e-2", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
 def rm_args(ctx: Ctx, d: Path, *extra: str, train: Path | None = None) -> list[str]:
-    return ["rm", "--train", str(train or D(ctx, "prefs.jsonl")), "--model", str(ctx.tiny), "--output-dir", str(d / "runs"),
-            *sets("train.steps=2", "run.name=r", "train.batch_size=2", "max_length=64", "log.progress=false", "log.tensorboard=false", *extra)]
+    return ["rm", "--train", str(train or D(ctx, "prefs.jsonl")),
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", "train.steps=2", "run.name=r", "train.batch_size=2", "max_length=64", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
 def judge_args(ctx: Ctx, d: Path, *extra: str, inp: Path | None = None, kind: str = "length") -> list[str]:
@@ -261,13 +261,13 @@ def judge_args(ctx: Ctx, d: Path, *extra: str, inp: Path | None = None, kind: st
 
 
 def label_pairs_args(ctx: Ctx, d: Path, *extra: str, pairs: Path | None = None, name: str = "r") -> list[str]:
-    return ["label", "--pairs", str(pairs or D(ctx, "pairs.jsonl")), "--output-dir", str(d / "runs"),
-            *sets(f"run.name={name}", "judge.kind=length", "log.progress=false", "log.tensorboard=false", *extra)]
+    return ["label", "--pairs", str(pairs or D(ctx, "pairs.jsonl")),
+            *sets(f"run.output_dir={d / 'runs'}", f"run.name={name}", "judge.kind=length", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
 def label_sample_args(ctx: Ctx, d: Path, *extra: str, name: str = "r") -> list[str]:
-    return ["label", "--model", str(ctx.tiny), "--prompts", str(D(ctx, "prompts.txt")), "--output-dir", str(d / "runs"),
-            *sets(f"run.name={name}", "max_prompts=6", f"judge.model={ctx.tiny}", f"judge.cache.path={d / 'cache.sqlite'}", "batch_size=2",
+    return ["label", "--prompts", str(D(ctx, "prompts.txt")),
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"run.name={name}", "max_prompts=6", f"judge.model={ctx.tiny}", f"judge.cache.path={d / 'cache.sqlite'}", "batch_size=2",
                   "sampling.max_new_tokens=5", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
@@ -406,12 +406,12 @@ def probes_bad_files() -> list[Probe]:
             if cmd == "eval" and what == "missing field":
                 continue  # a prompt file's rows are prompts; see "scalar JSON rows"
 
-            def args(c, d, mk=mk, what=what):
-                return mk(c, d, _bad_files(d)[what])
+            def args(c, d, mk=mk, needle=needle):
+                return mk(c, d, d / needle)
 
             out.append(cli(f"{cmd}: input with {what}", "bad input", "exit 2, one line naming the file (and line)", args,
-                           code=2, needles=(needle,),
-                           inputs=lambda c, d: [d / "badlast.jsonl", d / "badmid.jsonl"]))
+                           code=2, needles=(needle,), setup=lambda c, d: _bad_files(d),
+                           inputs=lambda c, d, needle=needle: [d / needle]))
         out.append(cli(f"{cmd}: input file missing", "bad input", "exit 2, one line naming the file",
                        lambda c, d, mk=mk: mk(c, d, d / "missing.jsonl"), code=2, needles=("missing.jsonl",)))
         out.append(cli(f"{cmd}: input is a directory", "bad input", "exit 2, one line",
@@ -469,11 +469,10 @@ def probes_outputs() -> list[Probe]:
 
     def eval_o_input(c, d):
         p = d / "prompts.txt"
-        shutil.copy(D(c, "prompts.txt"), p)
         return [*eval_args(c, d, prompts=p), "-o", str(p)]
 
     out.append(cli("eval: -o on the prompts file", "bad input", "exit 2; the input is untouched", eval_o_input, code=2,
-                   inputs=lambda c, d: [d / "prompts.txt"]))
+                   inputs=lambda c, d: [d / "prompts.txt"], setup=lambda c, d: shutil.copy(D(c, "prompts.txt"), d / "prompts.txt")))
     out.append(cli("export: -o on the input file", "bad input", "exit 2; the input is untouched",
                    lambda c, d: ["export", str(copy_in(d, "prefs.jsonl")), "-o", str(copy_in(d, "prefs.jsonl"))], code=2,
                    inputs=lambda c, d: [copy_in(d, "prefs.jsonl")]))
@@ -526,15 +525,20 @@ def probes_outputs() -> list[Probe]:
                    lambda c, d: judge_args(c, d, "judge.model=smol-typo", kind="llm"), code=2, needles=("smol-typo",),
                    timeout=60))
     out.append(cli("rl: typo'd dataset name", "bad input", "exit 2 naming the source",
-                   lambda c, d: [*rl_args(c, d)[:3], "--prompts", "hh-rlhf:helpfull", *rl_args(c, d)[5:]], code=2,
+                   lambda c, d: ["rl", "--prompts", "hh-rlhf:helpfull", *rl_args(c, d)[3:]], code=2,
                    needles=("helpfull",), timeout=60))
     out.append(cli("label: typo'd dataset name", "bad input", "exit 2 naming the source",
                    lambda c, d: ["label", "--prompts", "advbnch", "--model", str(c.tiny), "--output-dir", str(d / "runs")],
                    code=2, needles=("advbnch",), timeout=60))
     out.append(cli("rm: typo'd dataset name", "bad input", "exit 2 naming the source",
                    lambda c, d: rm_args(c, d, train=Path("hh-rlhf:helpfull")), code=2, needles=("helpfull",), timeout=60))
-    out.append(cli("pofe: typo'd command", "bad input", "exit 2 with a suggestion", lambda c, d: ["onlin"], code=2,
-                   needles=("online",)))
+    def typo_command(ctx: Ctx) -> Outcome:
+        res = pofe(ctx, "onlin")
+        ok = res.returncode == 2 and "Did you mean 'online'" in res.stderr and TRACEBACK not in res.stderr
+        return Outcome("clear error" if ok else "other", f"exit {res.returncode}; click usage error: "
+                       f"{short([ln for ln in res.stderr.splitlines() if 'Did you mean' in ln] or res.stderr[-200:])}", ok)
+
+    out.append(Probe("pofe: typo'd command", "bad input", "exit 2, click's usage error with a suggestion", typo_command))
     out.append(cli("sft: WORLD_SIZE=2 (not data-parallel)", "bad input", "exit 2, one line",
                    lambda c, d: sft_args(c, d), code=2, needles=("WORLD_SIZE",), env={"WORLD_SIZE": "2"}))
     return out
@@ -558,10 +562,15 @@ def _same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def _rows(path: Path, drop=("seconds", "latency_s", "cached")) -> list[dict]:
+TIMING = re.compile(r"^(time_|seconds$)|_time$|per_s$|latency")  # measured durations differ between runs
+
+
+def _rows(path: Path, drop=("cached",)) -> list[dict]:
+    """A JSONL file's rows without timings and where-it-came-from (a re-done read is a cache hit)."""
     from pofe.runs import read_jsonl
 
-    rows = [{k: v for k, v in r.items() if k not in drop} for r in read_jsonl(path)] if path.exists() else []
+    rows = [{k: v for k, v in r.items() if k not in drop and not TIMING.search(k)} for r in read_jsonl(path)] \
+        if path.exists() else []
     for r in rows:
         if isinstance(r.get("extra"), dict):
             r["extra"] = {k: v for k, v in r["extra"].items() if k not in ("cache_hits", "cache_misses")}
@@ -834,10 +843,11 @@ def probes_endpoint() -> list[Probe]:
                        lambda s: setattr(s, "default", (200, {"choices": [{"index": 0, "message": {"role": "assistant",
                                                                                                   "content": "1"}}]})),
                        code=0, check=none_invented),
-        endpoint_probe("openai judge: missing choices", "exit 0; every row unreadable (p null), counted",
-                       lambda s: setattr(s, "default", (200, {"id": "x", "object": "chat.completion"})), code=0,
-                       check=lambda rows, s: None if len(rows) == 6 and all(r.get("p") is None for r in rows)
-                       else f"labels invented: {[r.get('p') for r in rows]}"),
+        endpoint_probe("openai judge: missing choices", "exit 1: every read of the batch unreadable; no label invented",
+                       lambda s: setattr(s, "default", (200, {"id": "x", "object": "chat.completion"})), code=1,
+                       needles=("unreadable",),
+                       check=lambda rows, s: f"labels invented: {[r.get('p') for r in rows]}"
+                       if any(r.get("p") is not None for r in rows) else None),
         endpoint_probe("openai judge: NaN logprobs", "exit 0; p null for every row, counted",
                        lambda s: setattr(s, "default", (200, nan_body)), code=0,
                        check=lambda rows, s: None if len(rows) == 6 and all(r.get("p") is None for r in rows)
@@ -861,7 +871,8 @@ def probes_endpoint() -> list[Probe]:
             r2 = pofe(ctx, *openai_judge_args(ctx, d, s.url, name="b"))
             n2 = len([r for r in s.requests if r["path"].endswith("completions")]) - n1
             rows = read_rows(d / "runs" / "b" / "verdicts.jsonl") if (d / "runs" / "b" / "verdicts.jsonl").exists() else []
-            return judge_result(r2, code=0, check=lambda: None if n2 == n1 and rows and all(r["p"] < 0.5 for r in rows)
+            # the new model prefers the second-shown answer: p_ab (the AB order's P(A)) drops
+            return judge_result(r2, code=0, check=lambda: None if n2 == n1 and rows and all(r["p_ab"] < 0.5 for r in rows)
                                 else f"{n2} requests after the model changed (first run {n1}); stale labels")
 
     out.append(Probe("openai judge: model behind the URL changed (defect 2)", "endpoint",
@@ -999,8 +1010,9 @@ def probes_load() -> list[Probe]:
         return judge_args(c, d, "run.name=r", "chunk_size=7", inp=big(d))
 
     return [
-        cli("judge: 2000 pairs in", "load", "exit 0, 2000 verdicts in input order", judge_2000, code=0, check=judge_check,
-            inputs=lambda c, d: [d / "big.jsonl"]),
+        cli("judge: 2000 pairs in", "load", "exit 0, 2000 verdicts in input order; input untouched",
+            lambda c, d: judge_args(c, d, "run.name=r", inp=d / "big.jsonl"), code=0, check=judge_check,
+            setup=lambda c, d: big(d), inputs=lambda c, d: [d / "big.jsonl"]),
         cli("judge: 2000 pairs, chunk_size 7", "load", "exit 0, 2000 verdicts in input order", judge_chunks, code=0,
             check=judge_check),
         cli("judge: 2000 pairs, --limit 1500", "load", "exit 0, exactly 1500 verdicts",

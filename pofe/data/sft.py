@@ -79,5 +79,8 @@ def load_examples(paths: Sequence[str | Path] | str | Path, source: str = "ift",
     out: list[SFTExample] = []
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         rows = read_located(path, skip_bad_rows=skip_bad_rows)
-        out.extend(rows.map(lambda row, where: to_example(row, where, source), limit=limit))
+        examples = rows.map(lambda row, where: to_example(row, where, source), limit=limit)
+        if not examples:  # name the file: "no usable examples" after the merge would not say which
+            raise DataError(f"{path}: no {source} examples (skipped: {rows.skipped or 'none'})")
+        out.extend(examples)
     return out
