@@ -359,6 +359,25 @@ def probes_bad_config() -> list[Probe]:
         out.append(cli(f"{cmd}: !!python tag in YAML", "bad input", "exit 2, one line; the tag is never executed",
                        python_tag, code=2, needles=("evil.yaml",),
                        check=lambda c, d: "the !!python payload ran" if (d / "PWNED").exists() else None))
+    # settings that only make sense together: refused when parsed, before any run folder or model
+    for name, args_fn, key in (
+            ("rl: reward.kind=reward-model without reward.model", with_set("rl", "reward.kind=reward-model"), "reward.model"),
+            ("rl: reward.kind=judge without reward.judge", with_set("rl", "reward.kind=judge"), "reward.judge"),
+            ("self-reward: a pairwise-only judge (llm)", with_set("self-reward", "judge.kind=llm"), "pointwise"),
+            ("online: mode=offline without data.preferences", with_set("online", "mode=offline"), "data.preferences")):
+        out.append(cli(name, "bad input", f"exit 2 naming {key}; no run folder left", args_fn, code=2, needles=(key,),
+                       check=lambda c, d: "a run folder was created" if any((d / "runs").glob("*/config.yaml")) else None))
+    out.append(cli("judge: no input file", "bad input", "exit 2, one line", lambda c, d: ["judge", "--kind", "length"], code=2))
+    out.append(cli("rm: no --train", "bad input", "exit 2 naming data.train",
+                   lambda c, d: ["rm", *sets(f"model.name={c.tiny}", f"run.output_dir={d / 'runs'}")], code=2,
+                   needles=("data.train",)))
+    out.append(cli("cache prune: garbage --max-size", "bad input", "exit 2 naming --max-size",
+                   lambda c, d: ["cache", "prune", "--max-size", "lots", "--path", str(d / "c.sqlite")], code=2,
+                   needles=("max-size",)))
+    out.append(cli("cache stats: cache file is not SQLite", "bad input", "exit 2 or 1, one line",
+                   lambda c, d: ["cache", "stats", "--path", str(d / "c.sqlite")], code=2,
+                   setup=lambda c, d: (d / "c.sqlite").write_text("not a database")))
+    out.append(cli("report: not a run folder", "bad input", "exit 2, one line", lambda c, d: ["report", str(d)], code=2))
     out.append(cli("online: mistyped value (train.steps=abc)", "bad input", "exit 2, one line naming train.steps",
                    with_set("online", "train.steps=abc"), code=2, needles=("train.steps",)))
     out.append(cli("online: --config is a directory", "bad input", "exit 2, one line",
@@ -625,7 +644,7 @@ def probes_crash() -> list[Probe]:
     out = []
     online = lambda c, d, n: ["online", *online_args(c, d, "train.steps=4", "checkpoint.every=2", "optim.lr=1e-3",  # noqa: E731
                                                       "loss.labels=soft", "judge.temperature=20", name=n)]
-    for pt in ("1:after_judge", "2:after_checkpoint", "3:after_judge"):
+    for pt in ("2:after_checkpoint", "3:after_judge"):
         out.append(crash_probe(f"online: SIGKILL at {pt}", pt, online, ["ledger.jsonl", "metrics.jsonl"], steps=[1, 2, 3, 4]))
 
     def sft(c, d, n):
@@ -637,17 +656,17 @@ def probes_crash() -> list[Probe]:
         (d / f"{n}.yaml").write_text(yaml.safe_dump(cfg))
         return ["sft", "--config", str(d / f"{n}.yaml")]
 
-    for pt in ("1:after_step", "2:after_checkpoint", "3:after_step"):
+    for pt in ("2:after_checkpoint", "3:after_step"):
         out.append(crash_probe(f"sft: SIGKILL at {pt}", pt, sft, ["metrics.jsonl"], steps=[1, 2, 3, 4]))
     rl = lambda c, d, n: rl_args(c, d, "checkpoint.every=2", name=n, steps=4)  # noqa: E731
-    for pt in ("1:after_step", "2:after_checkpoint", "3:after_step", "4:after_checkpoint"):
+    for pt in ("1:after_step", "4:after_checkpoint"):
         out.append(crash_probe(f"rl: SIGKILL at {pt}", pt, rl, ["metrics.jsonl"], steps=[1, 2, 3, 4]))
     label = lambda c, d, n: label_sample_args(c, d, f"judge.cache.path={d / (n + '.sqlite')}", name=n)  # noqa: E731
-    for pt in ("1:row_1", "2:after_batch", "3:row_1"):
+    for pt in ("2:after_batch", "3:row_1"):
         out.append(crash_probe(f"label: SIGKILL at {pt}", pt, label, ["labels.jsonl", "preferences.jsonl", "metrics.jsonl"],
                                final=None, steps=[1, 2, 3]))
     sr = lambda c, d, n: ["self-reward", "--config", str(sr_config(c, d, n))]  # noqa: E731
-    for pt in ("sr1:after_iteration", "sr2:after_pairs", "1:after_checkpoint", "sr2:after_selection", "sr2:after_iteration"):
+    for pt in ("sr1:after_iteration", "1:after_checkpoint", "sr2:after_selection"):
         out.append(crash_probe(f"self-reward: SIGKILL at {pt}", pt, sr,
                                ["metrics.jsonl", "iter_2/data/candidates.jsonl", "iter_2/data/aift.jsonl",
                                 "iter_2/eval_responses.jsonl"], steps=[1, 2]))

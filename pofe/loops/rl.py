@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pofe.config import PofeConfig
 from pofe.generation import SamplingConfig
@@ -96,6 +96,15 @@ class RewardConfig(PofeConfig):
     scale: float = Field(1.0, gt=0)
     """Programmatic: reward = ±scale · length / normaliser (max_new_tokens for tokens, 4x that for chars,
     the same for words), so rewards sit in [−scale, 0] or [0, scale]."""
+
+    @model_validator(mode="after")
+    def _source_given(self):
+        # Checked when the config is parsed, not after the run folder exists and the policy loaded.
+        if self.kind == "reward-model" and not self.model:
+            raise ValueError("reward.kind = reward-model needs reward.model (a pofe rm output directory)")
+        if self.kind == "judge" and self.judge is None:
+            raise ValueError("reward.kind = judge needs reward.judge (e.g. kind: expected-score)")
+        return self
 
 
 class RLTrainConfig(PofeConfig):

@@ -1,0 +1,111 @@
+"""Regression tests for what the probe re-run (``scripts/probes.py``, issue 14) found: one test
+per class of fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _cli import error_lines, invoke
+from pofe.runs import read_jsonl
+
+pytestmark = pytest.mark.faults
+
+
+def _pairs(tmp_path: Path, n: int = 6) -> Path:
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"Q{i}?", "response_a": "x" * (i + 1), "response_b": "y" * (2 * i + 3)})
+                         + "\n" for i in range(n)))
+    return p
+
+
+def test_label_resume_after_a_batch_cut_short_rejudges_the_whole_batch(tmp_path):
+    """A kill after the first row of batch 2 (``POFE_FAULT=2:row_1``) left 3 labels rows and 1
+    metrics row. The resume used to continue at row 3, so its batches were (3, 4), (5): a
+    metrics row of 1 pair, batch boundaries (and a batched judge's reads) unlike the
+    uninterrupted run's. It now keeps whole batches only and judges (2, 3), (4, 5)."""
+    args = ["label", "--pairs", str(_pairs(tmp_path)), "--set", "judge.kind=length", "--set", "batch_size=2",
+            "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", f"run.output_dir={tmp_path}"]
+    full = invoke(*args, "--set", "run.name=full")
+    assert full.returncode == 0, full.stderr
+    cut = invoke(*args, "--set", "run.name=cut")
+    assert cut.returncode == 0, cut.stderr
+    run = tmp_path / "cut"
+    labels = (run / "labels.jsonl").read_text().splitlines(keepends=True)
+    (run / "labels.jsonl").write_text("".join(labels[:3]))  # what the kill leaves on disk
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text().splitlines(keepends=True)[0])
+    (run / "summary.json").unlink()
+    res = invoke("label", "--resume", str(run))
+    assert res.returncode == 0, res.stderr
+    assert read_jsonl(run / "labels.jsonl") == read_jsonl(tmp_path / "full" / "labels.jsonl")
+    assert read_jsonl(run / "preferences.jsonl") == read_jsonl(tmp_path / "full" / "preferences.jsonl")
+    assert [(r["step"], r["pairs"]) for r in read_jsonl(run / "metrics.jsonl")] == [(1, 2), (2, 2), (3, 2)]
+    assert json.loads((run / "summary.json").read_text())["resumed_after"] == 2
+
+
+def test_self_reward_iteration_marker_is_written_after_its_metrics_row(tmp_path, tiny_model_dir, monkeypatch):
+    """``iter_t/metrics.json`` marks an iteration finished. It used to be written before the
+    iteration's ``metrics.jsonl`` row, so a crash between the two left the row lost for good
+    (the resume skipped the "finished" iteration). A crash before the row now redoes the
+    iteration: one row per iteration after the resume."""
+    from pofe.data.prompts import DEFAULT_PROMPTS
+    from pofe.loops.self_reward import SelfRewardConfig, run
+    from pofe.training import tracking
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    cfg = SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
+        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+        "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+        "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 1},
+        "selection": {"enabled": False}, "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
+
+    class Crash(RuntimeError):
+        pass
+
+    real = tracking.MetricsSink.write
+
+    def crash_on_iteration_2(self, row):
+        if row.get("iteration") == 2:
+            raise Crash()
+        return real(self, row)
+
+    monkeypatch.setattr(tracking.MetricsSink, "write", crash_on_iteration_2)
+    with pytest.raises(Crash):
+        run(cfg)
+    root = tmp_path / "runs" / "r"
+    assert not (root / "iter_2" / "metrics.json").exists()  # not marked finished: its row was never written
+    monkeypatch.setattr(tracking.MetricsSink, "write", real)
+    s = run(cfg, resume=root)
+    assert [r["step"] for r in read_jsonl(root / "metrics.jsonl")] == [1, 2]
+    assert [m["iteration"] for m in s["iterations"]] == [1, 2]
+
+
+@pytest.mark.parametrize("sets, key", [(["reward.kind=reward-model"], "reward.model"),
+                                       (["reward.kind=judge"], "reward.judge")])
+def test_rl_reward_without_its_source_is_refused_when_parsed(tmp_path, sets, key):
+    """Was raised by ``build_reward`` after the run folder existed and the policy loaded."""
+    args = ["rl", "--set", f"run.output_dir={tmp_path}", *[a for s in sets for a in ("--set", s)]]
+    res = invoke(*args)
+    lines = error_lines(res)
+    assert res.returncode == 2 and len(lines) == 1 and key in lines[0], res.stderr
+    assert not list(tmp_path.iterdir())  # no run folder left behind
+
+
+@pytest.mark.parametrize("kv", ["limit=-3", "limit=0", "n_boot=-1", "n_buckets=0"])
+def test_eval_counts_are_checked_when_parsed(kv):
+    res = invoke("eval", "--set", kv, "--print-config")
+    lines = error_lines(res)
+    assert res.returncode == 2 and len(lines) == 1 and kv.split("=")[0] in lines[0], res.stderr
+
+
+def test_sft_empty_ift_file_is_an_error_naming_the_file(tmp_path, tiny_model_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = invoke("sft", "--ift", str(empty), "--set", f"model.name={tiny_model_dir}", "--set", f"run.output_dir={tmp_path}")
+    lines = error_lines(res)
+    assert res.returncode == 2 and len(lines) == 1 and "empty.jsonl" in lines[0], res.stderr
