@@ -374,10 +374,11 @@ def probes_bad_config() -> list[Probe]:
     out.append(cli("cache prune: garbage --max-size", "bad input", "exit 2 naming --max-size",
                    lambda c, d: ["cache", "prune", "--max-size", "lots", "--path", str(d / "c.sqlite")], code=2,
                    needles=("max-size",)))
-    out.append(cli("cache stats: cache file is not SQLite", "bad input", "exit 2 or 1, one line",
-                   lambda c, d: ["cache", "stats", "--path", str(d / "c.sqlite")], code=2,
+    out.append(cli("cache stats: cache file is not SQLite", "bad input", "exit 1, one line naming the file",
+                   lambda c, d: ["cache", "stats", "--path", str(d / "c.sqlite")], code=1, needles=("c.sqlite",),
                    setup=lambda c, d: (d / "c.sqlite").write_text("not a database")))
-    out.append(cli("report: not a run folder", "bad input", "exit 2, one line", lambda c, d: ["report", str(d)], code=2))
+    out.append(cli("report: not a run folder", "bad input", "exit 2, one line; no empty report", lambda c, d: ["report", str(d)],
+                   code=2, check=lambda c, d: "an empty report was written" if (d / "report").exists() else None))
     out.append(cli("online: mistyped value (train.steps=abc)", "bad input", "exit 2, one line naming train.steps",
                    with_set("online", "train.steps=abc"), code=2, needles=("train.steps",)))
     out.append(cli("online: --config is a directory", "bad input", "exit 2, one line",
@@ -738,6 +739,38 @@ def probes_crash() -> list[Probe]:
         return judge_result(res, code=2, needles=("refused",),
                             check=lambda: "config.yaml changed" if (d / "runs" / "r" / "config.yaml").read_text() != cfg else None)
 
+    def nan_loss(ctx: Ctx) -> Outcome:
+        d = ctx.dir("nan loss")
+        res = pofe(ctx, "online", *online_args(ctx, d, "optim.lr=1e30", "optim.warmup_steps=0",
+                                               "train.steps=6", "checkpoint.every=1", "checkpoint.keep_last=0"))
+
+        def finite_checkpoints():
+            import torch
+
+            bad = [c.name for c in sorted((d / "runs" / "r" / "checkpoints").glob("step-*"))
+                   if not all(torch.isfinite(t).all() for t in _weights(c / "model.safetensors").values())]
+            return f"non-finite checkpoint(s) saved: {bad}" if bad else None
+
+        return judge_result(res, code=1, needles=("non-finite", "step"), check=finite_checkpoints)
+
+    out.append(Probe("online: update diverges to NaN weights (lr 1e30)", "crash/resume",
+                     "exit 1 naming the step; every checkpoint on disk finite", nan_loss))
+
+    def diverged_sampling(ctx: Ctx) -> Outcome:
+        d = ctx.dir("diverged sampling")
+        res = pofe(ctx, "online", *online_args(ctx, d, "optim.lr=1e30", "optim.warmup_steps=0", "train.steps=6"))
+        return judge_result(res, code=1, needles=("not finite",))
+
+    out.append(Probe("online: diverged weights, no checkpoint (lr 1e30)", "crash/resume",
+                     "exit 1, one line saying the probabilities are not finite", diverged_sampling))
+
+    def verbose(ctx: Ctx) -> Outcome:
+        d = ctx.dir("verbose traceback")
+        res = pofe(ctx, "-v", "online", *online_args(ctx, d, "model.name=smollm2-135m-instrutc"))
+        ok = res.returncode == 2 and TRACEBACK in res.stderr and res.stderr.rstrip().splitlines()[-1].startswith("error: ")
+        return Outcome("clear error" if ok else "other", f"exit {res.returncode}; traceback shown: {TRACEBACK in res.stderr}", ok)
+
+    out.append(Probe("pofe -v: a bad model name", "bad input", "exit 2; with -v the traceback, then the one line", verbose))
     out.append(Probe("online: --resume with --set", "crash/resume", "exit 2, refused; config.yaml unchanged", resume_with_set))
 
     def sft_resume_no_config(ctx: Ctx) -> Outcome:
@@ -864,7 +897,7 @@ def probes_endpoint() -> list[Probe]:
                        code=0, check=none_invented),
         endpoint_probe("openai judge: missing choices", "exit 1: every read of the batch unreadable; no label invented",
                        lambda s: setattr(s, "default", (200, {"id": "x", "object": "chat.completion"})), code=1,
-                       needles=("unreadable",),
+                       needles=("unreadabl",),
                        check=lambda rows, s: f"labels invented: {[r.get('p') for r in rows]}"
                        if any(r.get("p") is not None for r in rows) else None),
         endpoint_probe("openai judge: NaN logprobs", "exit 0; p null for every row, counted",
@@ -914,6 +947,30 @@ def probes_endpoint() -> list[Probe]:
         return judge_result(res, code=0, check=lambda: None if f.exists() and len(read_rows(f)) == 6 else "not 6 labels")
 
     out.append(Probe("label: openai judge OK", "endpoint", "exit 0, 6 labels", label_with_endpoint))
+
+    def audit_gate(same: bool) -> Callable[[Ctx], Outcome]:
+        def run(ctx: Ctx) -> Outcome:
+            from pofe.evaluation.audit import judge_identity
+            from pofe.judges.config import OpenAIJudgeConfig
+
+            d = ctx.dir(f"audit gate {same}")
+            with Server((200, good)) as s:
+                audited = OpenAIJudgeConfig(endpoint={"base_url": s.url if same else "http://judge-a:8000/v1"})
+                report = d / "audit.json"
+                report.write_text(json.dumps({"judge": "openai", "judge_identity": judge_identity(audited), "passed": True,
+                                              "checks": {}, "calibration": {"sha256": "abc"}}))
+                res = pofe(ctx, *label_pairs_args(ctx, d, "judge.kind=openai", f"judge.endpoint.base_url={s.url}",
+                                                  f"judge.cache.path={d / 'c.sqlite'}"), "--require-audit", report)
+                posts = [r for r in s.requests if r["path"].endswith("completions")]
+            if same:
+                return judge_result(res, code=0)
+            return judge_result(res, code=2, needles=("different judge",),
+                                check=lambda: f"{len(posts)} judge requests made before the gate" if posts else None)
+        return run
+
+    out.append(Probe("label --require-audit: audit of another endpoint (defect 10)", "endpoint",
+                     "exit 2 naming the different judge; no request made", audit_gate(False)))
+    out.append(Probe("label --require-audit: audit of this judge", "endpoint", "exit 0 (the gate passes)", audit_gate(True)))
     return out
 
 

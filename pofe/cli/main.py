@@ -74,7 +74,7 @@ def _short_help(module: str) -> str:
 _POFE_ERRORS = {
     "ConfigError": 2, "DataError": 2, "RunError": 2, "ModelError": 2, "CheckpointError": 2,
     "MultiProcessRefused": 2, "AuditError": 2,
-    "JudgeConfigError": 2, "JudgeCapabilityError": 2, "EndpointError": 1, "JudgeError": 1, "NonFiniteLoss": 1, "DeviceUnavailable": 1,
+    "JudgeConfigError": 2, "JudgeCapabilityError": 2, "EndpointError": 1, "JudgeError": 1, "NonFiniteLoss": 1, "NonFiniteWeights": 1, "DeviceUnavailable": 1,
 }
 _OS_BAD_INPUT = {errno.ENOENT: "no such file or directory", errno.EISDIR: "is a directory",
                  errno.ENOTDIR: "not a directory", errno.EEXIST: "already exists"}
@@ -121,6 +121,10 @@ def describe_error(e: BaseException) -> tuple[int, str]:
                          ("Read-only file system", "read-only file system")):
         if needle in text:  # e.g. safetensors' SafetensorError carries the OS error only in its text
             return 1, f"{what}: {_one_line(text)}"
+    if isinstance(e, RuntimeError) and "probability tensor contains either" in text:
+        # torch.multinomial on NaN/inf probabilities: the policy's weights diverged
+        return 1, ("the model's next-token probabilities are not finite while sampling: its weights diverged "
+                   "(lower optim.lr; resume from an earlier checkpoint)")
     if type(e).__name__ == "OutOfMemoryError" or isinstance(e, MemoryError):
         return 1, f"out of memory: {_one_line(e) or type(e).__name__} (smaller batch_size / max_new_tokens, or LoRA)"
     if isinstance(e, (ValueError, NotImplementedError)) and _raised_in_pofe(e):

@@ -20,9 +20,13 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default RUN_DIR/report)."),
         json_out: bool = JsonOpt,
     ) -> None:
-        from pofe.evaluation.report import write_report
+        from pofe.evaluation.report import load_run, write_report
 
         try:
+            run = load_run(run_dir)
+            if run.kind == "unknown" and run.config_text is None and run.summary is None and not run.metrics:
+                # an empty report with exit 0 would look like a run that logged nothing
+                fail(f"{run_dir}: not a pofe run folder (no config.yaml, summary.json, metrics.jsonl or audit report)")
             res = write_report(run_dir, out)
         except FileNotFoundError as e:
             fail(str(e))

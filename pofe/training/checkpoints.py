@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pofe.training.guards import check_finite_weights
+
 FORMAT = 2
 """trainer_state.json format; 1 was the pickled trainer_state.pt (refused, never read)."""
 FINAL_MARKER = "pofe_final.json"
@@ -157,6 +159,7 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt_dir.name}-", dir=ckpt_dir.parent))
     try:
         sd = _trainable_state_dict(model)
+        check_finite_weights(sd, step=step)  # NaN weights are never checkpointed (issue 14 point 5)
         save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
         tensors: dict[str, torch.Tensor] = {}
         extra: dict[str, Any] = {"format": FORMAT, "step": step, "state": state or {},

@@ -33,6 +33,23 @@ def check_finite(loss: Any, *, step: int, detail: str = "") -> None:
                             f"and before any checkpoint (lower optim.lr or check the data)")
 
 
+class NonFiniteWeights(RuntimeError):
+    """Weights that an optimiser step made NaN/inf (a finite loss with a diverging update, e.g.
+    a far too large ``optim.lr``). Raised before such weights are checkpointed, so a resume
+    never starts from them. ``str(e)`` is one line naming the step and a tensor."""
+
+
+def check_finite_weights(tensors: dict[str, Any], *, step: int) -> None:
+    """Raise :class:`NonFiniteWeights` when any tensor of ``tensors`` (name -> tensor, e.g. the
+    trainable state dict about to be checkpointed) holds a NaN or inf."""
+    import torch
+
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteWeights(f"non-finite weights ({name}) after step {step}: the update diverged; not "
+                                   f"checkpointed, the last checkpoint on disk is from before it (lower optim.lr)")
+
+
 class MultiProcessRefused(Exception):
     """A command that does not run data-parallel was started with ``WORLD_SIZE > 1``."""
 

@@ -109,3 +109,36 @@ def test_sft_empty_ift_file_is_an_error_naming_the_file(tmp_path, tiny_model_dir
     res = invoke("sft", "--ift", str(empty), "--set", f"model.name={tiny_model_dir}", "--set", f"run.output_dir={tmp_path}")
     lines = error_lines(res)
     assert res.returncode == 2 and len(lines) == 1 and "empty.jsonl" in lines[0], res.stderr
+
+
+def test_nan_weights_are_never_checkpointed(tmp_path, tiny_model):
+    """lr 1e30: the loss of step 2 was finite, the update made the weights NaN, and that
+    checkpoint was saved before sampling failed in step 3 (a resume then started from NaN)."""
+    import torch
+
+    from pofe.training import save_checkpoint
+    from pofe.training.guards import NonFiniteWeights
+
+    save_checkpoint(tmp_path / "checkpoints" / "step-1", model=tiny_model, step=1)
+    with torch.no_grad():
+        next(tiny_model.parameters())[0, 0] = float("nan")
+    with pytest.raises(NonFiniteWeights, match=r"non-finite weights \(.+\) after step 2"):
+        save_checkpoint(tmp_path / "checkpoints" / "step-2", model=tiny_model, step=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]  # no torn / temporary folder
+
+
+def test_diverged_sampling_and_nan_weights_are_one_line_exit_1():
+    from pofe.cli.main import describe_error
+    from pofe.training.guards import NonFiniteWeights
+
+    code, line = describe_error(RuntimeError("probability tensor contains either `inf`, `nan` or element < 0"))
+    assert code == 1 and "not finite" in line and "optim.lr" in line
+    assert describe_error(NonFiniteWeights("non-finite weights (w) after step 2: ..."))[0] == 1
+
+
+def test_report_of_a_folder_that_is_not_a_run_is_an_error(tmp_path):
+    """Was exit 0 with an empty report.html ("unknown run, 0 plots")."""
+    res = invoke("report", str(tmp_path))
+    lines = error_lines(res)
+    assert res.returncode == 2 and len(lines) == 1 and "not a pofe run folder" in lines[0], res.stderr
+    assert not (tmp_path / "report").exists()
