@@ -281,7 +281,8 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     rows: list[dict[str, Any]] = read_jsonl(labels_file) if resume is not None and labels_file.exists() else []
     # Only whole batches are kept: a batch cut short by a crash is judged again as one batch,
     # so batch boundaries, metrics rows and batched reads are those of an uninterrupted run.
-    rows = rows[: len(rows) // cfg.batch_size * cfg.batch_size]
+    if len(rows) < len(pairs):
+        rows = rows[: len(rows) // cfg.batch_size * cfg.batch_size]
     done = len(rows)
     atomic_write_text(run_dir / "labels.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     prefs = [to_preference(r) for r in rows if r.get("dropped") is None]
