@@ -168,11 +168,10 @@ class RLConfig(PofeConfig):
 
 
 def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> RewardFn:
+    # RewardConfig guarantees reward.model / reward.judge for their kinds (checked when parsed).
     if cfg.kind == "programmatic":
         return LengthReward(prefer=cfg.prefer, unit=cfg.unit, scale=cfg.scale, max_new_tokens=max_new_tokens)
     if cfg.kind == "reward-model":
-        if not cfg.model:
-            raise ValueError("reward.kind = reward-model needs reward.model (a pofe rm output directory)")
         # The shared reward-model judge (P(A>B) = sigma(r_A - r_B)) reads a ``pofe rm``
         # directory; its pointwise ``score`` is r(x, y), rendered exactly as in training.
         from pofe.judges.reward_model import RewardModelJudge
@@ -181,8 +180,6 @@ def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> Rewar
     if judge is None:
         from pofe.judges.registry import build_judge
 
-        if cfg.judge is None:
-            raise ValueError("reward.kind = judge needs reward.judge (e.g. kind: expected-score)")
         judge = build_judge(cfg.judge)
     return JudgeScoreReward(judge)
 
