@@ -100,11 +100,11 @@ def select_checkpoint(it_dir: Path, final: Path, cfg: SelectionSettings, *, load
     responses on the validation ``prompts`` (ties go to the later one) becomes
     ``it_dir/model``; the comparison is written to ``selection.json``. ``load(ckpt)`` gives a
     checkpoint's (model, tokenizer), ``load(None)`` the final model's; ``respond(model, tokenizer)`` its validation responses."""
-    from pofe.training import save_final
+    from pofe.training import final_complete, save_final
 
     model_dir = it_dir / "model"
-    if (model_dir / "config.json").exists():
-        return model_dir
+    if (it_dir / "selection.json").exists() and final_complete(model_dir):
+        return model_dir  # finished; a model folder torn by a crash mid-copy is redone below
     ckpt_root = it_dir / "dpo" / "checkpoints"
     steps = sorted(int(p.name.split("-", 1)[1]) for p in ckpt_root.glob("step-*")) if ckpt_root.is_dir() else []
     last = max(steps) if steps else None

@@ -52,7 +52,7 @@ from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.judges.registry import build_shared_judge
 from pofe.loops.sft import SFTTrainSettings
 from pofe.runs import RunConfig, open_run, read_jsonl, write_config
-from pofe.training import ModelConfig, OptimConfig, fault_point, seed_everything
+from pofe.training import ModelConfig, OptimConfig, fault_point, final_complete, seed_everything
 from pofe.training.metrics import iteration_row, truncate_metrics
 from pofe.training.settings import CheckpointSettings
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
@@ -414,7 +414,12 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
         clock.lap("validation_baseline")
         if pairs:
             # (A self-judge keeps M_{t-1}'s weights alive through DPO: it selects checkpoints next.)
-            dpo = dpo_stage(cfg, prev_model, aift, len(pairs), t, it_dir)
+            dpo_summary = it_dir / "dpo" / "summary.json"
+            if (it_dir / "selection.json").exists() and final_complete(it_dir / "model") and dpo_summary.exists():
+                # selection finished before a crash and pruned DPO's checkpoints: DPO is done, not redone
+                dpo = json.loads(dpo_summary.read_text())
+            else:
+                dpo = dpo_stage(cfg, prev_model, aift, len(pairs), t, it_dir)
             clock.lap("dpo")
             fault_point(f"sr{t}:after_dpo")
             model_dir = str(select_checkpoint(

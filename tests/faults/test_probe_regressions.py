@@ -142,3 +142,64 @@ def test_report_of_a_folder_that_is_not_a_run_is_an_error(tmp_path):
     lines = error_lines(res)
     assert res.returncode == 2 and len(lines) == 1 and "not a pofe run folder" in lines[0], res.stderr
     assert not (tmp_path / "report").exists()
+
+
+def _sr_cfg(tmp_path: Path, tiny_model_dir, **selection):
+    from pofe.data.prompts import DEFAULT_PROMPTS
+    from pofe.loops.self_reward import SelfRewardConfig
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    return SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
+        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+        "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+        "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 2},
+        "selection": {"num_checkpoints": 2, "num_prompts": 2, **selection},
+        "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
+
+
+def _undo_after_selection(root: Path) -> None:
+    """What a crash right after checkpoint selection of iteration 2 leaves: no evaluation,
+    no iteration marker, no final/."""
+    for p in ("iter_2/metrics.json", "iter_2/eval_responses.jsonl", "summary.json", "final"):
+        (root / p).unlink()
+
+
+def test_self_reward_resume_after_selection_does_not_retrain_dpo(tmp_path, tiny_model_dir):
+    """Selection prunes DPO's checkpoints; a resume after it used to find none and train the
+    whole DPO stage again (hours on a real model)."""
+    from pofe.loops.self_reward import run
+
+    s = run(_sr_cfg(tmp_path, tiny_model_dir))
+    root = tmp_path / "runs" / "r"
+    dpo_metrics = (root / "iter_2" / "dpo" / "metrics.jsonl")
+    before = (dpo_metrics.read_bytes(), dpo_metrics.stat().st_mtime_ns)
+    _undo_after_selection(root)
+    again = run(_sr_cfg(tmp_path, tiny_model_dir), resume=root)
+    assert (dpo_metrics.read_bytes(), dpo_metrics.stat().st_mtime_ns) == before  # DPO not run again
+    assert again["iterations"][1]["dpo"] == s["iterations"][1]["dpo"]
+    assert [r["step"] for r in read_jsonl(root / "metrics.jsonl")] == [1, 2]
+
+
+def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_dir):
+    """``iter_t/model`` counted as finished once its config.json existed, so a crash while the
+    selected weights were being copied left a torn M_t that every later stage trusted."""
+    from safetensors.torch import load_file
+
+    from pofe.loops.self_reward import run
+    from pofe.training import final_complete
+
+    run(_sr_cfg(tmp_path, tiny_model_dir, keep_checkpoints=True))
+    root = tmp_path / "runs" / "r"
+    weights = root / "iter_2" / "model" / "model.safetensors"
+    good = load_file(str(weights))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # the copy was cut short ...
+    (root / "iter_2" / "selection.json").unlink()  # ... before selection.json was written
+    _undo_after_selection(root)
+    run(_sr_cfg(tmp_path, tiny_model_dir, keep_checkpoints=True), resume=root)
+    assert final_complete(root / "iter_2" / "model")
+    again = load_file(str(weights))
+    assert again.keys() == good.keys() and all((again[k] == good[k]).all() for k in good)
