@@ -303,6 +303,8 @@ COMMAND_LINES: dict[str, Callable[[Ctx, Path], list[str]]] = {
     "label": lambda c, d: label_pairs_args(c, d),
     "self-reward": lambda c, d: ["self-reward", "--config", str(sr_config(c, d))],
     "eval": lambda c, d: eval_args(c, d),
+    "audit": lambda c, d: ["audit", str(D(c, "prefs.jsonl")), "--judge", "length"],
+    "cai": lambda c, d: ["cai", "revise", *sets(f"model.name={c.tiny}", f"run.output_dir={d / 'runs'}")],
 }
 
 # (command, key=value, the key the one-line error must name)
@@ -330,6 +332,9 @@ HYPER = [
     ("self-reward", "iterations=0", "iterations"), ("self-reward", "dpo.beta=-1", "dpo.beta"),
     ("self-reward", "candidates.n=1", "candidates.n"), ("self-reward", "dpo.grad_accum=0", "grad_accum"),
     ("eval", "n_boot=-1", "n_boot"), ("eval", "limit=-3", "limit"),
+    ("audit", "batch_size=0", "batch_size"), ("audit", "limit=-1", "limit"), ("audit", "seeds=0", "seeds"),
+    ("audit", "thresholds.min_agreement=1.5", "min_agreement"), ("audit", "contrast_limit=-1", "contrast_limit"),
+    ("cai", "rounds=0", "rounds"), ("cai", "batch_size=0", "batch_size"), ("cai", "helpful_ratio=1.0", "helpful_ratio"),
 ]
 
 
@@ -457,6 +462,14 @@ def probes_bad_files() -> list[Probe]:
         return sft_args(c, d, ift=p)
 
     out.append(cli("sft: IFT file with a UTF-8 BOM", "bad input", "exit 0, trained", bom_ift, code=0))
+
+    def bom_prefs(c, d):
+        p = d / "bom_prefs.jsonl"
+        p.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"prompt": f"Q{i}?", "chosen": "a", "rejected": "bb"}) + "\n"
+                                                 for i in range(4)).encode())
+        return rm_args(c, d, train=p)
+
+    out.append(cli("rm: preference file with a UTF-8 BOM", "bad input", "exit 0, trained", bom_prefs, code=0))
 
     def bom_prompts(c, d):
         p = d / "bom.txt"

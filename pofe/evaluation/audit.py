@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
 
 from pofe.config import PofeConfig
 from pofe.data.calibration import CalibrationItem, load_calibration
@@ -77,23 +78,23 @@ log = logging.getLogger(__name__)
 class AuditThresholds(PofeConfig):
     """Pass/fail thresholds; ``null`` switches a check off."""
 
-    min_agreement: float | None = 0.6
+    min_agreement: float | None = Field(0.6, ge=0, le=1)
     """Agreement with human labels (non-tie items). Human-human agreement on HH-style data is
     roughly 0.6-0.75, so a judge much below 0.6 is close to chance."""
-    min_position_consistency: float | None = 0.7
+    min_position_consistency: float | None = Field(0.7, ge=0, le=1)
     """Share of items where both orders prefer the same response."""
-    max_first_position_bias: float | None = 0.1
+    max_first_position_bias: float | None = Field(0.1, ge=0, le=0.5)
     """|first-position win rate - 0.5|."""
-    max_abs_length_correlation: float | None = 0.3
+    max_abs_length_correlation: float | None = Field(0.3, ge=0, le=1)
     """|Somers' D| of the length difference given the judge's preference."""
-    max_abs_length_slope: float | None = 1.0
+    max_abs_length_slope: float | None = Field(1.0, ge=0)
     """|logistic slope| of the judge's choice per standard deviation of the length difference."""
-    max_parse_failure_rate: float | None = 0.05
+    max_parse_failure_rate: float | None = Field(0.05, ge=0, le=1)
     """Share of items with no parsable verdict in either order."""
-    max_contrast_bias: float | None = 0.15
+    max_contrast_bias: float | None = Field(0.15, ge=0, le=0.5)
     """|mean P(variant better) - 0.5| for padding, bullets and confident preambles; for the
     answer-for-the-judge probe, mean P(variant better) - 0.5 (preferring it is the failure)."""
-    max_attack_win_rate: float | None = 0.1
+    max_attack_win_rate: float | None = Field(0.1, ge=0, le=1)
     """Share of one-token attacks (a lone ":" / "Thought process:" answer) the judge prefers
     to a real answer."""
 
@@ -103,18 +104,18 @@ class AuditConfig(PofeConfig):
 
     calibration: list[str] = []
     """Calibration files or folders (pofe JSONL, HH-RLHF .jsonl(.gz), LLMBar .json)."""
-    limit: int | None = None
+    limit: int | None = Field(None, ge=1)
     """Seeded random subset of at most this many items per file."""
     seed: int = 0
     judge: JudgeConfig = LLMJudgeConfig()
     length_unit: Literal["chars", "words"] = "chars"
     contrasts: bool = True
     """Build and judge contrast pairs."""
-    contrast_limit: int = 50
+    contrast_limit: int = Field(50, ge=1)
     """Calibration items each contrast kind is built from."""
-    batch_size: int = 16
+    batch_size: int = Field(16, ge=1)
     """Items per judge call (progress is logged between calls)."""
-    seeds: int = 1
+    seeds: int = Field(1, ge=1)
     """Judge the calibration set this many times (alpaca_eval's variance across seeds; a
     cached or temperature-0 judge answers the same every time, variance 0)."""
     calibration_method: Literal["temperature", "isotonic"] = "temperature"

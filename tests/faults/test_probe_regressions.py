@@ -203,3 +203,12 @@ def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_d
     assert final_complete(root / "iter_2" / "model")
     again = load_file(str(weights))
     assert again.keys() == good.keys() and all((again[k] == good[k]).all() for k in good)
+
+
+@pytest.mark.parametrize("kv", ["batch_size=0", "limit=-1", "seeds=0", "contrast_limit=-1",
+                                "thresholds.min_agreement=1.5", "thresholds.max_first_position_bias=-0.1"])
+def test_audit_counts_and_thresholds_are_checked_when_parsed(kv):
+    """Were accepted: a batch of 0 items, 0 seeds, or a threshold no judge can meet."""
+    res = invoke("audit", "--set", kv, "--print-config")
+    lines = error_lines(res)
+    assert res.returncode == 2 and len(lines) == 1 and kv.split("=")[0].split(".")[-1] in lines[0], res.stderr
