@@ -45,46 +45,6 @@ def test_label_resume_after_a_batch_cut_short_rejudges_the_whole_batch(tmp_path)
     assert json.loads((run / "summary.json").read_text())["resumed_after"] == 2
 
 
-def test_self_reward_iteration_marker_is_written_after_its_metrics_row(tmp_path, tiny_model_dir, monkeypatch):
-    """``iter_t/metrics.json`` marks an iteration finished. It used to be written before the
-    iteration's ``metrics.jsonl`` row, so a crash between the two left the row lost for good
-    (the resume skipped the "finished" iteration). A crash before the row now redoes the
-    iteration: one row per iteration after the resume."""
-    from pofe.data.prompts import DEFAULT_PROMPTS
-    from pofe.loops.self_reward import SelfRewardConfig, run
-    from pofe.training import tracking
-
-    pool = tmp_path / "pool.txt"
-    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
-    cfg = SelfRewardConfig.model_validate({
-        "model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
-        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
-        "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
-        "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 1},
-        "selection": {"enabled": False}, "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
-        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
-
-    class Crash(RuntimeError):
-        pass
-
-    real = tracking.MetricsSink.write
-
-    def crash_on_iteration_2(self, row):
-        if row.get("iteration") == 2:
-            raise Crash()
-        return real(self, row)
-
-    monkeypatch.setattr(tracking.MetricsSink, "write", crash_on_iteration_2)
-    with pytest.raises(Crash):
-        run(cfg)
-    root = tmp_path / "runs" / "r"
-    assert not (root / "iter_2" / "metrics.json").exists()  # not marked finished: its row was never written
-    monkeypatch.setattr(tracking.MetricsSink, "write", real)
-    s = run(cfg, resume=root)
-    assert [r["step"] for r in read_jsonl(root / "metrics.jsonl")] == [1, 2]
-    assert [m["iteration"] for m in s["iterations"]] == [1, 2]
-
-
 @pytest.mark.parametrize("sets, key", [(["reward.kind=reward-model"], "reward.model"),
                                        (["reward.kind=judge"], "reward.judge")])
 def test_rl_reward_without_its_source_is_refused_when_parsed(tmp_path, sets, key):
@@ -167,20 +127,40 @@ def _undo_after_selection(root: Path) -> None:
         (root / p).unlink()
 
 
-def test_self_reward_resume_after_selection_does_not_retrain_dpo(tmp_path, tiny_model_dir):
-    """Selection prunes DPO's checkpoints; a resume after it used to find none and train the
-    whole DPO stage again (hours on a real model)."""
-    from pofe.loops.self_reward import run
+def test_self_reward_crash_before_the_iteration_row_redoes_only_what_is_missing(tmp_path, tiny_model_dir, monkeypatch):
+    """A crash after checkpoint selection of iteration 2, just before its ``metrics.jsonl`` row.
 
-    s = run(_sr_cfg(tmp_path, tiny_model_dir))
+    * ``iter_t/metrics.json`` marks an iteration finished. It used to be written before the
+      row, so a crash between the two lost the row for good (the resume skipped the
+      "finished" iteration); it is now written after the row.
+    * Selection prunes DPO's checkpoints; a resume after it used to find none and train the
+      whole DPO stage again (hours on a real model). DPO is now done once."""
+    from pofe.loops.self_reward import run
+    from pofe.training import tracking
+
+    class Crash(RuntimeError):
+        pass
+
+    real = tracking.MetricsSink.write
+
+    def crash_on_iteration_2(self, row):
+        if row.get("iteration") == 2:
+            raise Crash()
+        return real(self, row)
+
+    monkeypatch.setattr(tracking.MetricsSink, "write", crash_on_iteration_2)
+    with pytest.raises(Crash):
+        run(_sr_cfg(tmp_path, tiny_model_dir))
     root = tmp_path / "runs" / "r"
-    dpo_metrics = (root / "iter_2" / "dpo" / "metrics.jsonl")
+    assert not (root / "iter_2" / "metrics.json").exists()  # not marked finished: its row was never written
+    dpo_metrics = root / "iter_2" / "dpo" / "metrics.jsonl"
     before = (dpo_metrics.read_bytes(), dpo_metrics.stat().st_mtime_ns)
-    _undo_after_selection(root)
-    again = run(_sr_cfg(tmp_path, tiny_model_dir), resume=root)
-    assert (dpo_metrics.read_bytes(), dpo_metrics.stat().st_mtime_ns) == before  # DPO not run again
-    assert again["iterations"][1]["dpo"] == s["iterations"][1]["dpo"]
+    monkeypatch.setattr(tracking.MetricsSink, "write", real)
+    s = run(_sr_cfg(tmp_path, tiny_model_dir), resume=root)
     assert [r["step"] for r in read_jsonl(root / "metrics.jsonl")] == [1, 2]
+    assert [m["iteration"] for m in s["iterations"]] == [1, 2]
+    assert (dpo_metrics.read_bytes(), dpo_metrics.stat().st_mtime_ns) == before  # DPO not run again
+    assert s["iterations"][1]["dpo"]["resumed_from"] is None and s["iterations"][1]["dpo"]["steps"] == 2
 
 
 def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_dir):
