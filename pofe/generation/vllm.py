@@ -206,8 +206,18 @@ class Engine:
     # -- sync ------------------------------------------------------------------------------
     def load_full(self, weights: Iterable[tuple[str, torch.Tensor]], fp: tuple) -> None:
         self.holds = "broken"  # until the reload has returned
-        pairs = list(weights)  # same device as the trained model; vLLM's loaders copy into their own tensors
+        # Cast to the engine's dtype here: one rounding of the fp32 master weights (a merged LoRA
+        # delta included) and half the bytes through the reload, instead of vLLM's per-tensor
+        # "Attempted to load weight ... with dtype torch.float32" conversion path.
+        want = getattr(torch, self.settings.dtype)
+        pairs = [(k, v.to(want)) for k, v in weights]  # vLLM's loaders copy into their own tensors
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        # The prefix cache holds prompt KV computed with the *old* weights, and reload_weights does not
+        # drop it: a prompt seen before (the chat template's system prefix, every prompt of a cycling
+        # dataset) would be continued from stale keys and values
+        # (tests/generation/test_vllm_engine.py::test_a_sync_drops_prompt_kv_cached_from_old_weights).
+        if not self.llm.reset_prefix_cache():
+            raise EngineSyncError("vLLM could not reset its prefix cache after a weight sync")
         self.holds = ("full", fp)
 
     def load_adapter(self, model, fp: tuple) -> None:

