@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pofe.config import PofeConfig
 from pofe.records import Completion
@@ -55,13 +55,13 @@ class SamplingConfig(PofeConfig):
     engine: Literal["hf", "vllm"] = "hf"
     """hf = transformers ``generate`` in this process; vllm = an in-process vLLM engine (``pip install
     'pofe[vllm]'``), kept in step with the trained weights."""
-    max_new_tokens: int = 48
+    max_new_tokens: int = Field(48, ge=1)
     """Maximum tokens per response."""
-    temperature: float = 0.9
+    temperature: float = Field(0.9, ge=0)
     """Sampling temperature (OAIF Sec. 4.1 uses 0.9 during training); 0 = greedy."""
-    top_p: float = 1.0
+    top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling threshold."""
-    batch_size: int = 16
+    batch_size: int = Field(16, ge=1)
     """Prompts per generate() call (hf; vLLM schedules its own batches)."""
     logprobs: bool = False
     """Also return each generated token's log-prob under the model (temperature 1, before top-p: vLLM's raw_logprobs)."""

@@ -208,6 +208,7 @@ def test_bfloat16_engine_follows_a_merged_lora_update(tiny64_dir, tokenizer):
     from pofe.generation import generate
     from pofe.training import LoraSettings, apply_lora
 
+    torch.manual_seed(0)  # the same LoRA A and update whatever ran before
     model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                        LoraSettings(enabled=True, r=8, alpha=16))
     s = _sampling("vllm", temperature=1.0, max_new_tokens=8, logprobs=True, lora_sync="merged")
@@ -218,6 +219,6 @@ def test_bfloat16_engine_follows_a_merged_lora_update(tiny64_dir, tokenizer):
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
-                p.normal_(0, 0.05)
+                p.normal_(0, 0.1)
     assert _logprob_gap(model, tokenizer, before) > 0.5  # the update moves these log-probs a lot
     assert _logprob_gap(model, tokenizer, generate(model, tokenizer, PROMPTS, n=2, sampling=s, seed=5)) < 0.15
