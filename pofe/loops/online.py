@@ -252,8 +252,10 @@ def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Referenc
     with its adapter disabled inside ``reference.model()``), so no third copy is loaded. It
     is pi_0, never the current policy: OAIF's annotator is frozen (self-rewarding is another
     command)."""
+    # a transformers judge shares only weights of its own dtype; a vLLM judge has no dtype of its own
+    # here (its engine's is jcfg.vllm.dtype) and reads pi_0's weights whatever their dtype
     if (has_capability(jcfg, Capability.SHARES_WEIGHTS) and same_model(jcfg.model, cfg.model.name)
-            and jcfg.dtype == cfg.model.dtype):
+            and getattr(jcfg, "dtype", cfg.model.dtype) == cfg.model.dtype):
         # cache_tag: these weights never change (pi_0), so the judge cache may reuse reads;
         # the cache fingerprint is a hash of the weights themselves, not the model's name.
         judge = build_judge(jcfg, model=reference.module, tokenizer=tokenizer, cache_tag="initial-policy")

@@ -37,3 +37,15 @@ def test_online_full_finetuning_syncs_every_step(tmp_path, tiny64_dir):
     assert [r["staleness"] for r in rows] == [0, 0, 0]
     assert [r["engine_syncs"] for r in rows] == [2, 3, 4]  # first use + one after each step
     assert all(r["time_sync"] > 0 for r in rows)
+
+
+def test_online_with_a_vllm_annotator_of_the_policy_model(tmp_path, tiny64_dir):
+    """judge.kind=vllm on the policy's own model: the annotator is pi_0 read on vLLM (both
+    orders labelled), the run finishes and every annotation has a probability."""
+    from pofe.runs import read_jsonl
+
+    summary, rows = _run(tmp_path, tiny64_dir, "judge.kind=vllm", f"judge.model={tiny64_dir}",
+                         "judge.vllm.dtype=float32", "judge.vllm.max_model_len=1024", "judge.cache.enabled=false")
+    ann = [r for r in read_jsonl(f"{summary['run_dir']}/ledger.jsonl") if r["kind"] == "annotation"]
+    assert len(ann) == 6 and all(r["p_ab"] is not None and r["p_ba"] is not None for r in ann)
+    assert summary["judge"].startswith("vllm") and [r["step"] for r in rows] == [1, 2, 3]
