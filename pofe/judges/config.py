@@ -354,6 +354,8 @@ class RewardModelJudgeConfig(_JudgeKind):
     """The checkpoint (local directory or hub id)."""
     trust_remote_code: bool = False
     dtype: Dtype = "float32"
+    device: str | None = None
+    """auto|cpu|cuda|mps; None = auto (CUDA when present, then MPS, else CPU)."""
     batch_size: int = Field(8, ge=1)
     max_length: int | None = Field(4096, ge=1)
     # Not shares-weights: it takes a loaded *classifier*, never the policy's causal LM.

@@ -181,7 +181,7 @@ def _reward_model(cfg: RewardModelJudgeConfig, **runtime):
 
     return RewardModelJudge(cfg.reward_model, model=runtime.get("model"), tokenizer=runtime.get("tokenizer"),
                             batch_size=cfg.batch_size, max_length=cfg.max_length, dtype=cfg.dtype,
-                            trust_remote_code=cfg.trust_remote_code)
+                            device=cfg.device, trust_remote_code=cfg.trust_remote_code)
 
 
 JUDGES: dict[str, Callable[..., object]] = {

@@ -36,7 +36,8 @@ class RewardModelJudge:
     capabilities = frozenset({Capability.PAIRWISE, Capability.POINTWISE})
 
     def __init__(self, model_name: str | None = None, *, model=None, tokenizer=None, batch_size: int = 16,
-                 max_length: int | None = 2048, dtype: str = "float32", trust_remote_code: bool = False):
+                 max_length: int | None = 2048, dtype: str = "float32", device: str | None = None,
+                 trust_remote_code: bool = False):
         if model is None:
             if not model_name:
                 raise JudgeConfigError("reward-model judge: set judge.reward_model to a sequence-classification checkpoint")
@@ -44,7 +45,7 @@ class RewardModelJudge:
 
             from pofe.models import load_model
 
-            model, tokenizer = load_model(model_name, dtype=dtype, trust_remote_code=trust_remote_code,
+            model, tokenizer = load_model(model_name, dtype=dtype, device=device or "auto", trust_remote_code=trust_remote_code,
                                           model_class=AutoModelForSequenceClassification)
         if tokenizer is None:
             raise JudgeConfigError("reward-model judge: pass the tokenizer with the model")
