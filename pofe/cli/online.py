@@ -90,7 +90,10 @@ def register(app: typer.Typer) -> None:
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():  # torchrun: leave cleanly (gloo can hang at exit otherwise)
+        # torchrun: leave cleanly (gloo can hang at exit otherwise). Only a group torchrun set up: an
+        # in-process vLLM engine initialises a one-process group of its own and tears it down at exit
+        # (destroying it here made that teardown print "Invalid process group specified").
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         if int(os.environ.get("RANK", "0")) != 0:  # data-parallel: the main process reports
             return
