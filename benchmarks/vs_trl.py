@@ -30,7 +30,13 @@ def run_pofe(extra: str, steps: int) -> dict:
     cmd = [sys.executable, str(HERE / "online_step.py"), "--judge", "llm", "--steps", str(steps), "--json",
            "--prompts", str(ANCHOR / "bench_prompts.jsonl"), *shlex.split(extra)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out[out.index("{"):])
+    # the summary is the last JSON object printed (vLLM logs its own "{...}" config lines to stdout)
+    for start in sorted((i + 1 for i, c in enumerate(out) if c == "\n" and out[i + 1:i + 2] == "{"), reverse=True) + [0]:
+        try:
+            return json.loads(out[start:])
+        except json.JSONDecodeError:
+            continue
+    raise RuntimeError(f"no JSON summary in the output of {' '.join(cmd)}")
 
 
 def run_trl(extra: str, steps: int) -> dict:
