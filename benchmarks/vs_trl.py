@@ -30,13 +30,9 @@ def run_pofe(extra: str, steps: int) -> dict:
     cmd = [sys.executable, str(HERE / "online_step.py"), "--judge", "llm", "--steps", str(steps), "--json",
            "--prompts", str(ANCHOR / "bench_prompts.jsonl"), *shlex.split(extra)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    # the summary is the last JSON object printed (vLLM logs its own "{...}" config lines to stdout)
-    for start in sorted((i + 1 for i, c in enumerate(out) if c == "\n" and out[i + 1:i + 2] == "{"), reverse=True) + [0]:
-        try:
-            return json.loads(out[start:])
-        except json.JSONDecodeError:
-            continue
-    raise RuntimeError(f"no JSON summary in the output of {' '.join(cmd)}")
+    # the summary is the last thing printed, json.dumps(indent=2): its "{" is the last one that opens
+    # a line (vLLM logs its own "{...}" config to stdout before it)
+    return json.loads(out[out.rindex("\n{") + 1:] if "\n{" in out else out[out.index("{"):])
 
 
 def run_trl(extra: str, steps: int) -> dict:

@@ -301,3 +301,23 @@ class SingleTokenChoices:
         sets = [set(self.variant_ids(c)) for c in choices]
         if len(set().union(*sets)) != sum(len(s) for s in sets):
             raise JudgeConfigError(f"judge choices {list(choices)} share a token for {self.model_name}")
+
+
+# ----------------------------------------------------------------------------- in-process reads
+def render_chat(tokenizer, req) -> str:
+    """A rendered judge request as the model's chat prompt, ending in the assistant prefix
+    (the in-process backends, transformers and vLLM, read the same text)."""
+    from pofe.models import apply_chat_template
+
+    return apply_chat_template(tokenizer, req.user) + req.assistant_prefix
+
+
+def encode_keep_end(tokenizer, texts: Sequence[str], max_length: int | None) -> list[list[int]]:
+    """Token ids of each text, cut to its last ``max_length`` tokens: the end holds the
+    instruction and the answer slot; the start of a long prompt is the least informative
+    part to lose."""
+    out = []
+    for t in texts:
+        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        out.append(ids[-max_length:] if max_length and len(ids) > max_length else ids)
+    return out

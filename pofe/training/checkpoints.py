@@ -16,6 +16,7 @@ Layout of ``checkpoints/step-N/``::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -140,6 +141,21 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _atomic_dir(target: Path):
+    """Yield a temporary sibling of ``target`` to write into; on success fsync it and swap it
+    into place, on any failure remove it (``target`` keeps its old complete contents)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def _trainable_state_dict(model) -> dict[str, torch.Tensor]:
@@ -155,9 +171,7 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     from safetensors.torch import save_file
 
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt_dir.name}-", dir=ckpt_dir.parent))
-    try:
+    with _atomic_dir(ckpt_dir) as tmp:
         sd = _trainable_state_dict(model)
         check_finite_weights(sd, step=step)  # NaN weights are never checkpointed (issue 14 point 5)
         save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
@@ -174,11 +188,6 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         # meta.json is for humans and tools: scalars only
         small = {k: v for k, v in (state or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
         (tmp / "meta.json").write_text(json.dumps({"step": step, **small}))
-        _fsync_tree(tmp)
-        _swap_into_place(tmp, ckpt_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ckpt_dir
 
 
@@ -256,9 +265,7 @@ def save_final(model, tokenizer, out_dir: str | Path) -> Path:
     With LoRA, the adapter (with the tokenizer, and the base model's *name* in its
     ``adapter_config.json``) is saved under ``adapter/`` and the merged weights at ``out_dir``."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with _atomic_dir(out_dir) as tmp:
         to_save = model
         if hasattr(model, "peft_config"):
             model.save_pretrained(tmp / "adapter")
@@ -268,11 +275,6 @@ def save_final(model, tokenizer, out_dir: str | Path) -> Path:
         tokenizer.save_pretrained(tmp)
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / FINAL_MARKER).write_text(json.dumps({"files": files}, indent=1))
-        _fsync_tree(tmp)
-        _swap_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

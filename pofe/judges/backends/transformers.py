@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices
+from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, render_chat
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
@@ -89,21 +89,11 @@ class TransformersBackend(SingleTokenChoices):
         return tuple(getattr(self.tokenizer, "all_special_tokens", ()) or ())
 
     def render(self, req: Rendered) -> str:
-        from pofe.models import apply_chat_template
-
-        return apply_chat_template(self.tokenizer, req.user) + req.assistant_prefix
+        return render_chat(self.tokenizer, req)
 
     # -- choices ----------------------------------------------------------------------
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        out = []
-        for t in texts:
-            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
-            if self.max_length and len(ids) > self.max_length:
-                # Keep the end: it holds the instruction and the answer slot; the start of a
-                # long prompt is the least informative part to lose.
-                ids = ids[-self.max_length:]
-            out.append(ids)
-        return out
+        return encode_keep_end(self.tokenizer, texts, self.max_length)
 
     def next_token_logprobs(self, texts: list[str]) -> tuple[list[Any], list[int]]:
         """(vocab,) log-softmax at the next position for each text; sorted-by-length batches."""

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from pofe.generation.base import VLLMSettings
 from pofe.judges.backends.transformers import _weights_identity
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices
+from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, render_chat
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
@@ -85,18 +85,10 @@ class VLLMBackend(SingleTokenChoices):
         return self.generator._ensure_current() if self.generator is not None else None
 
     def render(self, req: Rendered) -> str:
-        from pofe.models import apply_chat_template
-
-        return apply_chat_template(self.tokenizer, req.user) + req.assistant_prefix
+        return render_chat(self.tokenizer, req)
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        out = []
-        for t in texts:
-            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
-            if self.max_length and len(ids) > self.max_length:
-                ids = ids[-self.max_length:]  # keep the end: instruction and answer slot
-            out.append(ids)
-        return out
+        return encode_keep_end(self.tokenizer, texts, self.max_length)
 
     # -- choices ------------------------------------------------------------------------
     def read_choices(self, requests: Sequence[Rendered], choices: Sequence[str]) -> list[ChoiceRead]:
