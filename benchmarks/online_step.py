@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -50,6 +51,8 @@ def main(argv=None) -> dict:
                     help="torch threads (default: torch's). With 1, CPU seconds per step ~ idle wall time on one core, "
                          "a number that other processes on the machine barely disturb.")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep-run", action="store_true",
+                    help="keep the run folder (checkpoints, metrics); by default it is deleted after its metrics are read")
     args = ap.parse_args(argv)
 
     import torch
@@ -79,9 +82,13 @@ def main(argv=None) -> dict:
         sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
     cfg = load_config(OnlineConfig, None, sets)
     t0 = time.perf_counter()
-    summary = run(cfg)
-    total = time.perf_counter() - t0
-    rows = read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
+    try:
+        summary = run(cfg)
+        total = time.perf_counter() - t0
+        rows = read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
+    finally:
+        if not args.keep_run:  # a run folder holds a full checkpoint (~2 GB on the embedded model)
+            shutil.rmtree(out, ignore_errors=True)
     walls = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])]  # excludes step 1
     cpus = [b["cpu_time"] - a["cpu_time"] for a, b in zip(rows, rows[1:])]
     med = lambda k: statistics.median(r[k] for r in rows[1:]) if len(rows) > 1 else rows[0][k]  # noqa: E731
@@ -99,7 +106,7 @@ def main(argv=None) -> dict:
         "time_split_pct": {k: round(100 * v / sum(split.values()), 1) for k, v in split.items()},
         "gen_tokens_per_step": med("gen_tokens"),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
-        "total_seconds": round(total, 1), "run_dir": summary["run_dir"],
+        "total_seconds": round(total, 1), "run_dir": summary["run_dir"] if args.keep_run else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
