@@ -30,8 +30,14 @@ class VLLMSettings(PofeConfig):
     greedy text match the fp32 HF engine token for token (the no-stale-weights test)."""
     max_model_len: int = 2048
     """Prompt + response tokens per sequence (sizes the KV cache blocks)."""
-    kv_cache_gb: int = 1
-    """CPU: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``). 1 GiB holds SmolLM2-135M at 2048 tokens."""
+    kv_cache_gb: float | None = Field(None, gt=0)
+    """KV cache in GiB (vLLM's ``kv_cache_memory_bytes``). Default on CPU: room for ``kv_cache_tokens``
+    tokens, sized from the model's config (SmolLM2-135M in bf16: 16384 tokens = 0.35 GiB, against
+    vLLM-CPU's own default of 4 GiB). vLLM queues what does not fit, so a smaller cache is slower,
+    never wrong. Default on CUDA: ``gpu_memory_utilization`` decides."""
+    kv_cache_tokens: int = Field(16384, ge=1)
+    """CPU: tokens the default KV cache holds at once (at least ``max_model_len``): 16384 = 8 full
+    2048-token sequences, or ~100 online-loop sequences of a 100-token prompt + 48 new tokens."""
     gpu_memory_utilization: float = 0.3
     """CUDA: share of GPU memory for vLLM when it is colocated with training on the same GPU."""
     enforce_eager: bool = True

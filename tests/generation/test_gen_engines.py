@@ -27,6 +27,22 @@ def test_engine_key_and_mapping():
         load_config(OnlineConfig, None, ["sampling.engine=vllm", "sampling.vllm.kv_cach_gb=2"])
 
 
+def test_kv_cache_size_from_the_model_config(tiny_model_dir, monkeypatch):
+    """The default CPU KV cache holds kv_cache_tokens tokens of this model: the tiny Llama has
+    2 layers x 2 KV heads x head dim 16, so one bf16 token is 2 (K, V) x 2 x 2 x 16 x 2 bytes = 256."""
+    from pofe.generation import VLLMSettings
+    from pofe.generation.vllm import kv_cache_bytes
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=False) == 256 * 16384
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(dtype="float32", kv_cache_tokens=100,
+                                                            max_model_len=512), cuda=False) == 512 * 512  # >= one full sequence
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(kv_cache_gb=0.5), cuda=False) == 2**29
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=True) is None  # gpu_memory_utilization decides
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=False) is None  # the user's variable: vLLM reads it
+
+
 def test_hf_logprobs_match_a_forward_pass(tiny_model, tokenizer):
     from pofe.generation import SamplingConfig, generate, make_generator
 
