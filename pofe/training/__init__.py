@@ -178,6 +178,10 @@ def trainable_parameters(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _bump_versions(opt, args, kwargs) -> None:
+    torch.autograd.graph.increment_version([p for g in opt.param_groups for p in g["params"]])
+
+
 def make_optimizer(model, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = trainable_parameters(model)
     if cfg.name == "adamw":
@@ -185,7 +189,14 @@ def make_optimizer(model, cfg: OptimConfig) -> torch.optim.Optimizer:
         # to float rounding (tests/test_training.py::test_fused_adamw_equals_the_per_tensor_update); on
         # this CPU a 128M-parameter step takes 0.034 s vs 0.245 s unfused (benchmarks/online-notes.md).
         fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
+        if fused:
+            # The fused kernel writes the parameters without bumping their version counters, which
+            # is how an engine tells that the policy changed since its last sync
+            # (pofe.generation.vllm.fingerprint): without this, a vLLM engine kept sampling the old
+            # weights (tests/generation/test_vllm_online.py caught it).
+            opt.register_step_post_hook(_bump_versions)
+        return opt
     from transformers.optimization import Adafactor
 
     # relative_step=False so the configured lr is used (the paper sets lr explicitly).
