@@ -16,10 +16,11 @@ pytestmark = pytest.mark.usefixtures("vllm_ok")
 K = 3  # optimiser updates
 
 
-def _sampling(engine: str, lora_sync: str = "auto", **kw):
+def _sampling(engine: str, lora_sync: str = "auto", enforce_eager: bool = True, **kw):
     from pofe.generation import SamplingConfig
 
-    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024, "lora_sync": lora_sync}} if engine == "vllm" else {}
+    extra = {"vllm": {"dtype": "float32", "max_model_len": 1024, "lora_sync": lora_sync,
+                      "enforce_eager": enforce_eager}} if engine == "vllm" else {}
     return SamplingConfig(engine=engine, **{"temperature": 0.0, "max_new_tokens": 12, **kw}, **extra)
 
 
@@ -42,10 +43,10 @@ def _update(model, tok, opt, text="The sea is blue and calm today."):
     opt.zero_grad(set_to_none=True)
 
 
-def _no_stale(model, tok, lr, lora_sync="auto"):
+def _no_stale(model, tok, lr, lora_sync="auto", enforce_eager=True):
     from pofe.generation import generate, make_generator
 
-    hf, vl = _sampling("hf"), _sampling("vllm", lora_sync=lora_sync)
+    hf, vl = _sampling("hf"), _sampling("vllm", lora_sync=lora_sync, enforce_eager=enforce_eager)
     gen = make_generator(model, tok, vl)
     assert gen.name == "vllm" and make_generator(model, tok, vl) is gen  # one generator per model
     first = _ids(generate(model, tok, PROMPTS, sampling=hf))
@@ -73,6 +74,17 @@ def test_no_stale_weights_full_finetuning(tiny64_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
     gen = _no_stale(model, tokenizer, lr=3e-2)
     assert not gen.engine.lora and gen.engine.holds[0] == "full"
+
+
+@pytest.mark.slow
+def test_no_stale_weights_compiled_engine(tiny64_dir, tokenizer):
+    """enforce_eager=false: vLLM runs a torch.compile'd forward; reload_weights must still reach it
+    (the compiled graph reads the parameters, it does not bake them in)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    gen = _no_stale(model, tokenizer, lr=3e-2, enforce_eager=False)
+    assert not gen.engine.settings.enforce_eager
 
 
 @pytest.mark.parametrize("lora_sync", ["adapter", "merged"])
