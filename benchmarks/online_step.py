@@ -50,6 +50,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's). With 1, CPU seconds per step ~ idle wall time on one core, "
                          "a number that other processes on the machine barely disturb.")
+    ap.add_argument("--compile", action="store_true",
+                    help="vLLM engines (generator and judge) with enforce_eager=false: torch.compile'd forward")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-run", action="store_true",
                     help="keep the run folder (checkpoints, metrics); by default it is deleted after its metrics are read")
@@ -74,12 +76,16 @@ def main(argv=None) -> dict:
         sets.append(f"data.prompts={args.prompts}")
     if args.engine == "vllm":
         sets += ["sampling.engine=vllm", f"sampling.vllm.dtype={args.vllm_dtype}", "sampling.vllm.max_model_len=1024"]
+        if args.compile:
+            sets.append("sampling.vllm.enforce_eager=false")
         if args.lora_sync != "auto":
             sets.append(f"sampling.vllm.lora_sync={args.lora_sync}")
     if args.judge == "llm":
         sets.append(f"judge.dtype={args.judge_dtype}")
     if args.judge == "vllm":
         sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
+        if args.compile:
+            sets.append("judge.vllm.enforce_eager=false")
     cfg = load_config(OnlineConfig, None, sets)
     t0 = time.perf_counter()
     try:
@@ -96,7 +102,7 @@ def main(argv=None) -> dict:
              "reference": med("time_reference"),
              "policy_fwd_bwd": med("time_policy"), "optimizer": med("time_optimizer")}
     result = {
-        "engine": args.engine, "precision": args.precision, "judge_dtype": args.judge_dtype, "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "engine": args.engine, "compile": args.compile, "precision": args.precision, "judge_dtype": args.judge_dtype, "judge": args.judge, "lora": args.lora, "steps": len(rows),
         "engine_syncs": summary.get("engine_syncs"),
         "seconds_per_step": round(statistics.median(walls), 2) if walls else None,
         "seconds_per_step_in_loop": round(med("time_step"), 2),

@@ -41,7 +41,9 @@ class VLLMSettings(PofeConfig):
     gpu_memory_utilization: float = 0.3
     """CUDA: share of GPU memory for vLLM when it is colocated with training on the same GPU."""
     enforce_eager: bool = True
-    """No CUDA graphs / torch.compile: start-up in seconds; on CPU compiling is slower than it pays."""
+    """No CUDA graphs / torch.compile: start-up in seconds. false on CPU (SmolLM2-135M, bf16): start-up
+    46-55 s instead of 7 s, then sampling 8 x 48 tokens takes 0.79 s instead of 0.98 s, so compiling
+    pays after a few hundred steps; weight syncs reach the compiled forward (tested)."""
     lora_sync: Literal["auto", "adapter", "merged"] = "auto"
     """LoRA policies. adapter: save the adapter and serve it as a new LoRARequest per sync (no merge).
     merged: push base + scale * B @ A as full weights (``reload_weights``); the trained model stays
