@@ -52,6 +52,8 @@ def main(argv=None) -> dict:
                          "a number that other processes on the machine barely disturb.")
     ap.add_argument("--compile", action="store_true",
                     help="vLLM engines (generator and judge) with enforce_eager=false: torch.compile'd forward")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="any other pofe online config override, after the benchmark's own (repeatable)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-run", action="store_true",
                     help="keep the run folder (checkpoints, metrics); by default it is deleted after its metrics are read")
@@ -86,7 +88,7 @@ def main(argv=None) -> dict:
         sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
         if args.compile:
             sets.append("judge.vllm.enforce_eager=false")
-    cfg = load_config(OnlineConfig, None, sets)
+    cfg = load_config(OnlineConfig, None, sets + args.sets)
     t0 = time.perf_counter()
     try:
         summary = run(cfg)
