@@ -180,6 +180,47 @@ def test_completion_logps_matches_the_full_vocabulary_reference(tokenizer, tiny_
     torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_shared_prompt_pass_equals_the_joint_batch(tokenizer, precision):
+    """Each pair's prompt run once (KV cache repeated for both responses) gives the joint
+    batch's log-probs and the same gradient; also when every response is one token long."""
+    from pofe.models import tiny_causal_lm
+    from pofe.training.dap import TokenPair, completion_logps, pairs_batch, shared_prompt_logps
+    from pofe.training.precision import autocast
+
+    model = tiny_causal_lm(tokenizer)
+    tol = dict(atol=1e-4, rtol=1e-5) if precision == "fp32" else dict(atol=0.15, rtol=0.02)  # bf16: per-sum rounding
+    for pairs in (_pairs(5), [TokenPair((5, 6, 7), (9,), (11,)), TokenPair((8,), (12,), (13,))]):
+        grads = []
+        for shared in (True, False):
+            model.zero_grad()
+            with autocast(precision, "cpu"):
+                if shared:
+                    lp = shared_prompt_logps(model, pairs, 2, "cpu")
+                else:
+                    lp = completion_logps(model, *pairs_batch(pairs, 2, "cpu"))
+            (lp * torch.linspace(-1, 1, len(lp))).sum().backward()  # distinct weight per response
+            grads.append(([p.grad.clone() for p in model.parameters()], lp.detach()))
+        (g_shared, lp_shared), (g_joint, lp_joint) = grads
+        torch.testing.assert_close(lp_shared, lp_joint, **tol)
+        for a, b in zip(g_shared, g_joint):
+            torch.testing.assert_close(a, b, atol=1e-4 if precision == "fp32" else 5e-2, rtol=1e-3 if precision == "fp32" else 0.1)
+
+
+def test_pair_logps_falls_back_to_the_joint_batch_without_a_kv_cache(tokenizer):
+    """Gradient checkpointing turns HF's cache off: the shared-prompt pass says so (None) and
+    pair_logps gives the joint batch's numbers."""
+    from pofe.models import tiny_causal_lm
+    from pofe.training.dap import completion_logps, pair_logps, pairs_batch, shared_prompt_logps
+
+    model = tiny_causal_lm(tokenizer)
+    model.gradient_checkpointing_enable()
+    model.train()
+    pairs = _pairs(3)
+    assert shared_prompt_logps(model, pairs, 2, "cpu") is None
+    torch.testing.assert_close(pair_logps(model, pairs, 2, "cpu"), completion_logps(model, *pairs_batch(pairs, 2, "cpu")))
+
+
 def test_iterative_resume_restores_the_label_buffer(tmp_path, tiny_model_dir):
     """mode=iterative, K=2: a run stopped after step 3 holds step 4's pairs (labelled at step
     3) in its checkpoint; resuming to step 4 trains on exactly those and ends bit-identical."""
