@@ -216,10 +216,11 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, device) -> torch.Tensor:
-    """Summed response log-probs (2m,), chosen then rejected: the shared-prompt pass where the
-    model allows it, else the joint left-padded batch (same numbers up to float rounding)."""
-    lp = shared_prompt_logps(model, pairs, pad_token_id, device)
+def pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, device, *, shared: bool = True) -> torch.Tensor:
+    """Summed response log-probs (2m,), chosen then rejected: the shared-prompt pass when
+    ``shared`` and the model allows it, else the joint left-padded batch (same numbers up to
+    float rounding)."""
+    lp = shared_prompt_logps(model, pairs, pad_token_id, device) if shared else None
     if lp is None:
         batch, width = pairs_batch(pairs, pad_token_id, device)
         lp = completion_logps(model, batch, width)
@@ -263,6 +264,10 @@ def dap_backward(
     """
     backward = backward or (lambda loss: loss.backward())
     device = device if device is not None else next(policy.parameters()).device
+    # The shared-prompt pass pays in fp32 (bar benchmark, CPU: reference 1.09 -> 0.85 s, policy
+    # 3.84 -> 3.47 s per step) but not under bf16 autocast, where attention over a KV cache made
+    # the policy pass slower (1.00 -> 1.29 s, same runs; benchmarks/online-notes.md).
+    shared = precision == "fp32"
     result = DapResult()
     chunks = split_even(list(pairs), micro_batches)
     for i, chunk in enumerate(chunks):
@@ -276,10 +281,10 @@ def dap_backward(
             m = len(chunk)
             t0 = time.perf_counter()
             with reference.model() as ref_model, autocast(precision, device):  # pi_0, no grad, both responses
-                ref_lp = pair_logps(ref_model, chunk, pad_token_id, device)
+                ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)
             t1 = time.perf_counter()
             with autocast(precision, device):
-                pol_lp = pair_logps(policy, chunk, pad_token_id, device)  # log pi_theta(y|x), (2m,)
+                pol_lp = pair_logps(policy, chunk, pad_token_id, device, shared=shared)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)
             backward(out.losses.sum() / normaliser)
