@@ -685,37 +685,27 @@ def probes_crash() -> list[Probe]:
                                ["metrics.jsonl", "iter_2/data/candidates.jsonl", "iter_2/data/aift.jsonl",
                                 "iter_2/eval_responses.jsonl"], steps=[1, 2]))
 
-    def torn_final(ctx: Ctx) -> Outcome:
-        d = ctx.dir("torn final")
-        r = pofe(ctx, "online", *online_args(ctx, d, "checkpoint.every=2"))
-        if r.returncode != 0:
-            return judge_result(r, code=0)
-        f = d / "runs" / "r" / "final" / "model.safetensors"
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2])
-        res = pofe(ctx, "online", "--resume", d / "runs" / "r")
-        from pofe.training import final_complete
+    def torn_final(command: str, first_run, keep: int):
+        """Run, cut final/model.safetensors to 1/keep of its bytes, resume: final/ must be whole again."""
+        def probe(ctx: Ctx) -> Outcome:
+            d = ctx.dir(f"torn final {command}")
+            r = first_run(ctx, d)
+            if r.returncode != 0:
+                return judge_result(r, code=0)
+            f = d / "runs" / "r" / "final" / "model.safetensors"
+            data = f.read_bytes()
+            f.write_bytes(data[: len(data) // keep])
+            res = pofe(ctx, command, "--resume", d / "runs" / "r")
+            from pofe.training import final_complete
 
-        return judge_result(res, code=0, check=lambda: None if final_complete(f.parent) and f.stat().st_size == len(data)
-                            else "final/ still torn after exit 0")
+            return judge_result(res, code=0, check=lambda: None if final_complete(f.parent) and f.stat().st_size == len(data)
+                                else "final/ still torn after exit 0")
+        return probe
 
-    out.append(Probe("online: torn final/ then --resume", "crash/resume", "exit 0 and final/ rewritten whole", torn_final))
-
-    def torn_final_rl(ctx: Ctx) -> Outcome:
-        d = ctx.dir("torn final rl")
-        r = pofe(ctx, *rl_args(ctx, d, "checkpoint.every=2"))
-        if r.returncode != 0:
-            return judge_result(r, code=0)
-        f = d / "runs" / "r" / "final" / "model.safetensors"
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 3])
-        res = pofe(ctx, "rl", "--resume", d / "runs" / "r")
-        from pofe.training import final_complete
-
-        return judge_result(res, code=0, check=lambda: None if final_complete(f.parent) and f.stat().st_size == len(data)
-                            else "final/ still torn after exit 0")
-
-    out.append(Probe("rl: torn final/ then --resume", "crash/resume", "exit 0 and final/ rewritten whole", torn_final_rl))
+    out.append(Probe("online: torn final/ then --resume", "crash/resume", "exit 0 and final/ rewritten whole",
+                     torn_final("online", lambda ctx, d: pofe(ctx, "online", *online_args(ctx, d, "checkpoint.every=2")), 2)))
+    out.append(Probe("rl: torn final/ then --resume", "crash/resume", "exit 0 and final/ rewritten whole",
+                     torn_final("rl", lambda ctx, d: pofe(ctx, *rl_args(ctx, d, "checkpoint.every=2")), 3)))
 
     def planted(ctx: Ctx) -> Outcome:
         import pickle
