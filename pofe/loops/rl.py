@@ -50,6 +50,7 @@ from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, OptimConfig, fault_point
+from pofe.training.precision import Precision, autocast
 from pofe.training.resume import CheckpointConfig
 from pofe.training.rl import (
     JudgeScoreReward,
@@ -118,6 +119,9 @@ class RLTrainConfig(PofeConfig):
     """Samples per prompt (k); the group is the baseline."""
     micro_batch: int = Field(16, ge=1)
     """Sequences per forward/backward (gradient accumulation within a step)."""
+    precision: Precision = "fp32"
+    """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
+    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
 
 
 class RLConfig(PofeConfig):
@@ -205,7 +209,8 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg: RLConfig, rewar
     pad = tokenizer.pad_token_id
     n = len(comps)
     # Reference log-probs (no grad), then policy log-probs with grad in micro-batches.
-    with ref.model() as ref_model:
+    cast = lambda: autocast(cfg.train.precision, next(policy.parameters()).device)  # noqa: E731 (log-probs stay fp32)
+    with ref.model() as ref_model, cast():
         chunks = [(s, *(t.detach() for t in token_logprobs(ref_model, comps[s:s + mb], pad))) for s in range(0, n, mb)]
     policy.train()
     k1, k3, ent = torch.zeros(n), torch.zeros(n), torch.zeros(n)
@@ -213,7 +218,7 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg: RLConfig, rewar
         # The KL penalty is part of the reward, so it must be known before the advantages:
         # one extra no-grad pass (the policy has not moved since sampling, so this is the
         # KL of the samples under the current policy).
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             for s, rlp, m in chunks:
                 plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
                 kt = kl_terms(plp, rlp, m)
@@ -225,7 +230,8 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg: RLConfig, rewar
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for s, rlp, m in chunks:
-        plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
+        with cast():
+            plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
         loss = pg_loss(plp, m, adv[s:s + mb].to(plp.device), cfg.algo)
         ent[s:s + len(plp)] = (-(plp * m).sum(-1)).detach().cpu()  # TRL's objective/entropy: −Σ_t log π
         if cfg.kl_in == "loss":

@@ -41,6 +41,7 @@ from pofe.losses import get_rm_loss
 from pofe.records import PreferencePair
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, OptimConfig
+from pofe.training.precision import Precision, autocast
 from pofe.training.resume import CheckpointConfig
 from pofe.training.reward_model import evaluate_reward_model, load_reward_model, pair_prompt, rewards, wrap_reward_model
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
@@ -76,6 +77,9 @@ class RMTrainConfig(PofeConfig):
     """Pairs per optimiser step (2 x batch_size sequences per forward)."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the held-out pairs every N steps (0: only before and after training)."""
+    precision: Precision = "fp32"
+    """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
+    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
 
 
 class RMConfig(PofeConfig):
@@ -167,8 +171,9 @@ def load_data(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair]
 def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg: RMConfig, optimizer, scheduler, loss_fn) -> dict[str, Any]:
     """One optimiser step of the soft Bradley-Terry loss; TRL's metric names."""
     t0 = time.perf_counter()
-    r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
-                max_length=cfg.max_length)
+    with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
+        r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
+                    max_length=cfg.max_length)
     margin = r[: len(batch)] - r[len(batch):]
     p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
     loss = loss_fn(margin, p).mean()

@@ -50,6 +50,7 @@ from pofe.training import (
     trainable_parameters,
 )
 from pofe.training.metrics import truncate_metrics
+from pofe.training.precision import Precision, autocast
 from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
@@ -87,6 +88,9 @@ class SFTTrainSettings(PofeConfig):
     """Examples per forward pass."""
     grad_accum: int = Field(4, ge=1)
     """Forward passes per optimiser step."""
+    precision: Precision = "fp32"
+    """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
+    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
 
 
 class SFTConfig(PofeConfig):
@@ -242,7 +246,8 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
             optimizer.zero_grad(set_to_none=True)
             total_nll = 0.0
             for k in range(0, len(items), t.batch_size):
-                nll, _ = response_nll(policy, items[k : k + t.batch_size], pad)
+                with autocast(t.precision, next(policy.parameters()).device):
+                    nll, _ = response_nll(policy, items[k : k + t.batch_size], pad)
                 # Token-mean over the whole optimiser batch, whatever the micro-batching.
                 (nll / n_tok).backward()
                 total_nll += float(nll.detach())

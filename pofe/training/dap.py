@@ -169,7 +169,7 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
-            or (model.training and getattr(base, "is_gradient_checkpointing", False)):  # HF then turns the cache off
+            or (model.training and _checkpointing(base)):  # HF then turns the cache off
         return None
     m = len(pairs)
     prompts = build_batch([p.prompt_ids for p in pairs], [()] * m, pad_token_id=pad_token_id, padding_side="left")
@@ -200,6 +200,12 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     del logits, cache
     tok = torch.cat([first.unsqueeze(1), rest], dim=1)
     return (tok * cmask.to(tok.dtype)).sum(-1)
+
+
+def _checkpointing(base) -> bool:
+    # transformers 5.24 renames is_gradient_checkpointing (deprecated) to is_activation_checkpointing
+    name = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(base, name, False))
 
 
 _NO_PLAIN_CACHE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
