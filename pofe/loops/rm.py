@@ -40,6 +40,7 @@ from pofe.config import PofeConfig
 from pofe.losses import get_rm_loss
 from pofe.records import PreferencePair
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training.allocator import keep_freed_memory
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.precision import Precision, autocast
 from pofe.training.resume import CheckpointConfig
@@ -215,6 +216,7 @@ def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenize
     run_dir = open_run(cfg.run, "rm", resume=resume)
     if resume is None:
         write_config(run_dir, cfg)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)
     if model is None:
         model, tokenizer = load_reward_model(cfg.model)

@@ -52,6 +52,7 @@ from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.judges.registry import build_shared_judge
 from pofe.loops.sft import SFTTrainSettings
 from pofe.runs import RunConfig, open_run, read_jsonl, write_config
+from pofe.training.allocator import keep_freed_memory
 from pofe.training import ModelConfig, OptimConfig, fault_point, final_complete, seed_everything
 from pofe.training.metrics import iteration_row, truncate_metrics
 from pofe.training.settings import CheckpointSettings
@@ -320,6 +321,7 @@ def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None) -> dict[str,
     # ------------------------------------------------------------------ setup
     run_dir = open_run(cfg.run, "self-reward", resume=resume)
     write_config(run_dir, cfg)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)
     inp = load_inputs(cfg)
     write_json(run_dir / "inputs.json", {"counts": inp.counts, "eval_prompts": inp.eval_prompts,

@@ -33,6 +33,7 @@ from pofe.data.sft import RESPONSE_FIELDS, SFTExample, load_examples, to_example
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
+from pofe.training.allocator import keep_freed_memory
 from pofe.training import (
     ModelConfig,
     OptimConfig,
@@ -208,6 +209,7 @@ def run(cfg: SFTConfig, *, resume: str | Path | None = None, model=None, tokeniz
         return {**json.loads((run_dir / "summary.json").read_text()), "already_done": True}
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, cfg)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)
     if examples is None:
         examples, data_stats = load_sft_data(cfg.data, cfg.seed)

@@ -31,7 +31,7 @@ import torch
 
 from pofe.logprobs import SequenceBatch, build_batch, selective_logprobs
 from pofe.losses import PreferenceLoss
-from pofe.training.precision import Precision, autocast
+from pofe.training.precision import Precision, attention_for, autocast, eager_attention_pays
 
 
 @dataclass(frozen=True)
@@ -268,10 +268,6 @@ def dap_backward(
     """
     backward = backward or (lambda loss: loss.backward())
     device = device if device is not None else next(policy.parameters()).device
-    # The shared-prompt pass pays in fp32 (bar benchmark, CPU: reference 1.09 -> 0.85 s, policy
-    # 3.84 -> 3.47 s per step) but not under bf16 autocast, where attention over a KV cache made
-    # the policy pass slower (1.00 -> 1.29 s, same runs; benchmarks/online-notes.md).
-    shared = precision == "fp32"
     result = DapResult()
     chunks = split_even(list(pairs), micro_batches)
     for i, chunk in enumerate(chunks):
@@ -283,11 +279,18 @@ def dap_backward(
                     _dummy_backward(policy, pad_token_id, device, backward)
                 continue
             m = len(chunk)
+            length = max(len(pr.prompt_ids) + max(len(pr.chosen_ids), len(pr.rejected_ids)) for pr in chunk)
+            eager = eager_attention_pays(policy, precision, device, 2 * m, length)
+            # The shared-prompt pass pays in fp32 (bar benchmark, CPU: reference 1.09 -> 0.85 s, policy
+            # 3.84 -> 3.47 s per step) and in bf16 with eager attention (policy fwd+bwd 1.24 -> 1.11 s,
+            # reference 0.41 -> 0.35 s), but not with bf16 SDPA, whose attention over a KV cache made the
+            # policy pass slower (1.00 -> 1.29 s; benchmarks/online-notes.md).
+            shared = precision == "fp32" or eager
             t0 = time.perf_counter()
-            with reference.model() as ref_model, autocast(precision, device):  # pi_0, no grad, both responses
-                ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)
+            with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
+                ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)  # pi_0, no grad, (2m,)
             t1 = time.perf_counter()
-            with autocast(precision, device):
+            with autocast(precision, device), attention_for(policy, eager):
                 pol_lp = pair_logps(policy, chunk, pad_token_id, device, shared=shared)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)

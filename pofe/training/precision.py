@@ -25,3 +25,49 @@ def autocast(precision: Precision, device: torch.device | str | None = None):
         raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     kind = torch.device(device).type if device is not None else "cpu"
     return torch.autocast(device_type=kind, dtype=torch.bfloat16)
+
+
+EAGER_ATTENTION_BUDGET = 512 * 2**20
+"""Bytes of attention weights (batch x heads x T^2 x layers, ~6 bytes each with the fp32 softmax)
+that a bf16 CPU pass may keep for its backward with eager attention."""
+
+
+def _hf_model(model):
+    model = getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def eager_attention_pays(model, precision: Precision, device, batch: int, length: int) -> bool:
+    """Whether a bf16 pass of ``batch`` sequences of ``length`` tokens on CPU should use eager
+    (matmul + softmax) attention instead of SDPA.
+
+    Why: PyTorch's CPU flash-attention backward is slow in bf16 at short lengths. On the bar
+    benchmark's 8 sequences of ~90 tokens (SmolLM2-135M, 2 threads) it took 7.6 ms per layer, 0.22
+    of the 1.44 s of a policy forward+backward, where eager's bmm took 0.04 s in all (1.44 -> 1.24 s;
+    in fp32 the two are equal). Eager keeps the (batch, heads, T, T) weights for the backward, so
+    only when that fits in :data:`EAGER_ATTENTION_BUDGET`."""
+    if precision != "bf16" or torch.device(device).type != "cpu":
+        return False
+    cfg = getattr(_hf_model(model), "config", None)
+    heads, layers = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_hidden_layers", None)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not layers:
+        return False  # a user's own choice (flash, a kernel, eager already), or no way to size it
+    return batch * heads * length * length * layers * 6 <= EAGER_ATTENTION_BUDGET
+
+
+@contextlib.contextmanager
+def attention_for(model, eager: bool):
+    """Run the forwards inside with eager attention when ``eager`` (see :func:`eager_attention_pays`),
+    then give the model back its own implementation. transformers reads the implementation at
+    each forward (attention layers and mask alike), so the switch is consistent within a pass,
+    and a backward after the block uses the graph the forward recorded."""
+    base = _hf_model(model)
+    if not eager:
+        yield
+        return
+    own = base.config._attn_implementation
+    base.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(own)

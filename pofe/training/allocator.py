@@ -1,0 +1,55 @@
+"""The host memory allocator, tuned for training loops.
+
+A training step frees and re-allocates the same large buffers every step: gradients, the bf16
+weight casts of autocast, activations. With glibc malloc's defaults a block over the mmap
+threshold (128 KiB, rising as such blocks are freed) is mapped and unmapped each time, and free
+memory at the top of the heap is trimmed, so each step page-faults its buffers in again and the
+kernel zeroes every page. On the bar benchmark (``benchmarks/online_step.py``, bf16, vLLM
+generator and judge, 11 steps) ``copy_`` and ``fill_`` took 0.14-0.36 s and 0.04-0.17 s of the
+same 3-pair policy pass from one step to the next; with freed memory kept for reuse the pass
+took 0.85-0.94 s instead of 0.99-1.35 s and the step 2.68 s instead of 3.17 s (medians), at the
+same peak RSS (6.2 vs 6.0 GB: the peak is the peak either way). This is the glibc side of what
+PyTorch's CPU tuning guide gets from jemalloc or tcmalloc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+MMAP_THRESHOLD = 32 * 2**20
+"""Blocks up to this size come from the heap (glibc's maximum on 64-bit: HEAP_MAX_SIZE / 2)."""
+TRIM_THRESHOLD = -1
+"""-1: never give free memory at the top of the heap back (man mallopt: disables trimming)."""
+_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc malloc to keep freed memory for reuse instead of returning it to the OS; once
+    per process, before the first step. Returns whether it is in effect.
+
+    Left alone when the user has chosen: ``POFE_MALLOC_TUNING=0``, any ``MALLOC_*`` tunable in the
+    environment, or another allocator preloaded (jemalloc, tcmalloc), and off glibc."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    preload = os.environ.get("LD_PRELOAD", "")
+    if os.environ.get("POFE_MALLOC_TUNING", "1") == "0" or any(k in os.environ for k in _ENV) \
+            or "jemalloc" in preload or "tcmalloc" in preload:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    log.debug("glibc malloc: keep freed memory for reuse (%s)", "on" if _applied else "refused")
+    return _applied
