@@ -5,11 +5,11 @@ weight casts of autocast, activations. With glibc malloc's defaults a block over
 threshold (128 KiB, rising as such blocks are freed) is mapped and unmapped each time, and free
 memory at the top of the heap is trimmed, so each step page-faults its buffers in again and the
 kernel zeroes every page. On the bar benchmark (``benchmarks/online_step.py``, bf16, vLLM
-generator and judge, 11 steps) ``copy_`` and ``fill_`` took 0.14-0.36 s and 0.04-0.17 s of the
-same 3-pair policy pass from one step to the next; with freed memory kept for reuse the pass
-took 0.85-0.94 s instead of 0.99-1.35 s and the step 2.68 s instead of 3.17 s (medians), at the
-same peak RSS (6.2 vs 6.0 GB: the peak is the peak either way). This is the glibc side of what
-PyTorch's CPU tuning guide gets from jemalloc or tcmalloc.
+generator and judge) two profiles of the same 3-pair policy pass in one run differed only in
+``copy_`` (0.14 vs 0.36 s) and ``fill_`` (0.04 vs 0.17 s). ``benchmarks/policy_pass.py --malloc``:
+1.09-1.25 s -> 0.98-1.13 s per pass. Turning mmap off altogether (:data:`MMAP_MAX`) reuses the
+blocks over 32 MiB as well, which is where most of the in-loop gain was (numbers there). This
+is the glibc side of what PyTorch's CPU tuning guide gets from jemalloc or tcmalloc.
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ import os
 
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc <malloc.h>
 MMAP_THRESHOLD = 32 * 2**20
 """Blocks up to this size come from the heap (glibc's maximum on 64-bit: HEAP_MAX_SIZE / 2)."""
 TRIM_THRESHOLD = -1
 """-1: never give free memory at the top of the heap back (man mallopt: disables trimming)."""
+MMAP_MAX = 0
+"""0: no block is mmapped, so the blocks over 32 MiB are reused too. A step has several: the tied
+embedding's fp32 gradient and its bf16 autocast copy, the completion logits and their gradient.
+Soft labels, 4 pairs a step, 10 steps, in the loop: the policy pass fell from 1.53 to 1.16 s and
+the step from 3.40 to 2.93 s (medians), and peak RSS rose from 5.89 to 6.08 GB."""
 _ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 _applied: bool | None = None
 
@@ -50,6 +55,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    _applied = all(mallopt(k, v) for k, v in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                                              (_M_MMAP_MAX, MMAP_MAX)))
     log.debug("glibc malloc: keep freed memory for reuse (%s)", "on" if _applied else "refused")
     return _applied
