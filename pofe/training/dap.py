@@ -31,7 +31,7 @@ import torch
 
 from pofe.logprobs import SequenceBatch, build_batch, selective_logprobs
 from pofe.losses import PreferenceLoss
-from pofe.training.precision import Precision, attention_for, autocast, eager_attention_pays
+from pofe.training.precision import Precision, attention_for, autocast, eager_attention_pays, hf_model
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     """
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
             or (model.training and _checkpointing(base)):  # HF then turns the cache off
         return None

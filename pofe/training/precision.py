@@ -32,7 +32,8 @@ EAGER_ATTENTION_BUDGET = 512 * 2**20
 that a bf16 CPU pass may keep for its backward with eager attention."""
 
 
-def _hf_model(model):
+def hf_model(model):
+    """The transformers model inside DDP and PEFT wrappers (its config picks the attention)."""
     model = getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -48,7 +49,7 @@ def eager_attention_pays(model, precision: Precision, device, batch: int, length
     only when that fits in :data:`EAGER_ATTENTION_BUDGET`."""
     if precision != "bf16" or torch.device(device).type != "cpu":
         return False
-    cfg = getattr(_hf_model(model), "config", None)
+    cfg = getattr(hf_model(model), "config", None)
     heads, layers = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_hidden_layers", None)
     if getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not layers:
         return False  # a user's own choice (flash, a kernel, eager already), or no way to size it
@@ -61,7 +62,7 @@ def attention_for(model, eager: bool):
     then give the model back its own implementation. transformers reads the implementation at
     each forward (attention layers and mask alike), so the switch is consistent within a pass,
     and a backward after the block uses the graph the forward recorded."""
-    base = _hf_model(model)
+    base = hf_model(model)
     if not eager:
         yield
         return
