@@ -45,6 +45,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--judge-dtype", choices=["float32", "bfloat16"], default="float32", help="llm judge weights")
     ap.add_argument("--vllm-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--lora-sync", choices=["auto", "adapter", "merged"], default="auto")
+    ap.add_argument("--mode", choices=["online", "async"], default="online",
+                    help="async: step t+1 sampled and judged in a background thread while step t trains (needs --engine vllm)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lora", action="store_true", help="LoRA r=16 instead of full fine-tuning.")
     ap.add_argument("--threads", type=int, default=None,
@@ -68,7 +70,7 @@ def main(argv=None) -> dict:
     from pofe.runs import read_jsonl
 
     out = tempfile.mkdtemp(prefix="pofe-bench-")
-    sets = [f"judge.kind={args.judge}", f"train.steps={args.steps}",
+    sets = [f"judge.kind={args.judge}", f"train.steps={args.steps}", f"mode={args.mode}",
             "train.batch_size=4", "train.samples_per_prompt=2", "sampling.max_new_tokens=48",
             "sampling.temperature=0.9", "loss.name=dpo", "loss.beta=0.1", "optim.name=adamw", "optim.lr=5e-7",
             f"model.dtype={args.dtype}", f"model.device={args.device}", f"train.precision={args.precision}",
@@ -105,8 +107,10 @@ def main(argv=None) -> dict:
     split = {"generate": med("time_generate"), "judge": med("time_judge"), "sync": med("time_sync"),
              "reference": med("time_reference"),
              "policy_fwd_bwd": med("time_policy"), "optimizer": med("time_optimizer")}
+    if args.mode == "async":  # generate and judge overlap the step: what the step waited for them
+        split["wait"] = med("time_wait")
     result = {
-        "engine": args.engine, "compile": args.compile, "precision": args.precision, "judge_dtype": args.judge_dtype, "judge": args.judge, "lora": args.lora, "steps": len(rows),
+        "engine": args.engine, "mode": args.mode, "compile": args.compile, "precision": args.precision, "judge_dtype": args.judge_dtype, "judge": args.judge, "lora": args.lora, "steps": len(rows),
         "engine_syncs": summary.get("engine_syncs"),
         "seconds_per_step": round(statistics.median(walls), 2) if walls else None,
         "seconds_per_step_in_loop": round(med("time_step"), 2),

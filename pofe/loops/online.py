@@ -12,7 +12,9 @@ Each step of Algorithm 1:
    pi_0 = the initial policy (DPO Eq. 1, IPO Eq. 2, SLiC Eq. 3). No gradient flows through
    sampling or annotation (the explainer's "stop_gradient").
 
-Modes: ``online`` (the above), ``iterative`` (steps 1-3 for the next K steps at once, then K
+Modes: ``online`` (the above), ``async`` (steps 1-3 of step t+1 run in a background thread while
+step t trains, from the weights before step t: one update stale, recorded as ``staleness``;
+needs the vllm engine), ``iterative`` (steps 1-3 for the next K steps at once, then K
 updates: labels up to K-1 updates stale), ``offline`` (pairs from a fixed file: OAIF's baseline).
 Steering the objective is a change of ``judge.template`` (Sec. 4.6: helpful -> helpful-short).
 
@@ -67,7 +69,8 @@ from pofe.training.ledger import loss_row, offset, resume_files
 from pofe.training.metrics import step_metrics, summarise
 from pofe.training.online_pairs import (LabelSettings, LoopState, StepPairs, below_margin, label_annotations,
                                         prompt_input, sample_and_annotate, zero_counts)
-from pofe.training.parallel import gather, make_accelerator, reduce_sum, step_seed, weights_identical
+from pofe.training.parallel import gather, make_accelerator, reduce_sum, sampling_seed, step_seed, weights_identical
+from pofe.training.prefetch import Prefetch
 from pofe.training.settings import CheckpointSettings
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
@@ -147,9 +150,10 @@ class EvalSettings(PofeConfig):
 class OnlineConfig(PofeConfig):
     """``pofe online`` (OAIF Algorithm 1)."""
 
-    mode: Literal["online", "iterative", "offline"] = "online"
-    """online (Algorithm 1), iterative (relabel every train.iterative_every steps) or offline
-    (pairs from data.preferences: the baseline)."""
+    mode: Literal["online", "async", "iterative", "offline"] = "online"
+    """online (Algorithm 1), async (Algorithm 1 with step t+1's samples and labels produced in a
+    background thread while step t trains: one step stale, needs sampling.engine=vllm), iterative
+    (relabel every train.iterative_every steps) or offline (pairs from data.preferences: the baseline)."""
     seed: int = 0
     """Seeds LoRA init, prompt order, held-out split and every step's sampling."""
     model: ModelConfig = ModelConfig()
@@ -184,6 +188,24 @@ class OnlineConfig(PofeConfig):
                              "are identical")
         return self
 
+    @model_validator(mode="after")
+    def _async_needs_a_separate_sampler(self) -> "OnlineConfig":
+        if self.mode != "async":
+            return self
+        if self.sampling.engine != "vllm":
+            raise ValueError(f"mode=async needs sampling.engine=vllm (is {self.sampling.engine!r}): hf samples from the "
+                             "very tensors the step is training")
+        if self.sampling.vllm.sync_every != 1:
+            raise ValueError(f"mode=async syncs the engine every step (staleness 1); sampling.vllm.sync_every="
+                             f"{self.sampling.vllm.sync_every} is for semi-online mode=online")
+        if _computes_on_pi0_tensors(self.judge, self):  # the evaluation judge runs on the main thread only
+            where = "the LoRA policy with its adapter off" if self.model.lora.enabled else "the frozen reference"
+            raise ValueError(f"mode=async: judge.kind={self.judge.kind} would read pi_0 from {where} in a background "
+                             f"thread while the step trains on it; use judge.kind=vllm"
+                             f"{' with model.lora.enabled=false' if self.model.lora.enabled else ''}, a judge of another "
+                             "model, or mode=online")
+        return self
+
 
 # ============================================================================ the three modes' pairs
 
@@ -199,51 +221,63 @@ def offline_pairs(lp: LoopState, step: int) -> StepPairs:
     return StepPairs(pairs, counts)
 
 
-def _label_fresh(lp: LoopState, step: int, k: int) -> StepPairs:
-    """Sample and annotate prompts for the next ``k`` steps from the current policy; label
-    them into ``k`` slices of the buffer; write every annotation to the ledger now, before
-    training (a crash loses nothing labelled)."""
+def label_fresh(lp: LoopState, step: int, k: int, seed: int | None = None) -> StepPairs:
+    """Sample and annotate prompts for the next ``k`` steps from the current policy and label
+    them into ``k`` slices. This process only: no collectives, no ledger, no buffer, so that
+    mode=async can run it in a background thread; :func:`publish` does the rest."""
     cfg, acc = lp.cfg, lp.acc
     rank, world, n = acc.process_index, acc.num_processes, lp.n_prompts * k
     batch = lp.cursor.take(world * n)[rank * n:(rank + 1) * n]
     out = StepPairs([], zero_counts())
     anns = sample_and_annotate(acc.unwrap_model(lp.ddp_policy), lp.tok, lp.judge, batch, n=cfg.train.samples_per_prompt,
-                               sampling=cfg.sampling, step=step, rank=rank, judge_context=lp.judge_ctx, times=out.times)
-    per, rows = len(anns) // k, []
+                               sampling=cfg.sampling, step=step, rank=rank, judge_context=lp.judge_ctx, times=out.times,
+                               seed=seed)
+    per = len(anns) // k
     for s in range(k):  # one slice of annotations per coming step
         p_s, c_s, rows_s = label_annotations(anns[s * per:(s + 1) * per], cfg.loss.labels, rank, cfg.labels)
-        lp.buffer.append(p_s)
+        out.slices.append(p_s)
         out.counts = {key: out.counts[key] + c_s[key] for key in out.counts}
-        rows.extend(rows_s)
+        out.rows.extend(rows_s)
     distinct = {id(c): c for a in anns for c in (a.a, a.b)}.values()  # n > 2 repeats samples in pairs
     out.gen = (sum(c.num_tokens for c in distinct), sum(len(c.text) for c in distinct),
                len(batch) * cfg.train.samples_per_prompt)
-    out.rows = [r for rs in gather(acc, rows) for r in rs]
+    return out
+
+
+def publish(lp: LoopState, out: StepPairs) -> StepPairs:
+    """Main thread: gather every process's annotation rows, write them to the ledger now, before
+    training (a crash loses nothing labelled), and queue the labelled slices in the buffer."""
+    out.rows = [r for rs in gather(lp.acc, out.rows) for r in rs]
     if lp.ledger is not None:
         for r in out.rows:
             lp.ledger.write(r)
+    lp.buffer.extend(out.slices)
+    out.slices = []
     return out
 
 
 def online_pairs(lp: LoopState, step: int) -> StepPairs:
     """Algorithm 1: fresh samples from pi_theta_t, labelled now, trained on now."""
-    out = _label_fresh(lp, step, 1)
-    out.pairs = lp.buffer.pop(0)
-    out.counts["trained"] = len(out.pairs)
-    return out
+    return _train_next(publish(lp, label_fresh(lp, step, 1)), lp)
 
 
 def iterative_pairs(lp: LoopState, step: int) -> StepPairs:
     """Every K steps: sample and label K steps' worth of prompts at once; in between, train on
     the buffered slices (the labelling policy is up to K-1 updates stale)."""
-    out = _label_fresh(lp, step, lp.cfg.train.iterative_every) if not lp.buffer else StepPairs([], zero_counts())
+    out = publish(lp, label_fresh(lp, step, lp.cfg.train.iterative_every)) if not lp.buffer else StepPairs([], zero_counts())
+    return _train_next(out, lp)
+
+
+def _train_next(out: StepPairs, lp: LoopState) -> StepPairs:
     out.pairs = lp.buffer.pop(0)
     out.counts["trained"] = len(out.pairs)
     return out
 
 
-MODES: dict[str, Callable[[LoopState, int], StepPairs]] = {"online": online_pairs, "iterative": iterative_pairs,
-                                                        "offline": offline_pairs}
+# async: Algorithm 1 whose samples for step t+1 are drawn while step t trains (see the loop);
+# a step with nothing prefetched (the first, or after a checkpoint or evaluation) samples as online does.
+MODES: dict[str, Callable[[LoopState, int], StepPairs]] = {"online": online_pairs, "async": online_pairs,
+                                                        "iterative": iterative_pairs, "offline": offline_pairs}
 
 
 # ============================================================================ setup helpers
@@ -256,13 +290,25 @@ def build_annotator(jcfg: JudgeConfig, *, cfg: OnlineConfig, reference: Referenc
     command)."""
     # a transformers judge shares only weights of its own dtype; a vLLM judge has no dtype of its own
     # here (its engine's is jcfg.vllm.dtype) and reads pi_0's weights whatever their dtype
-    if (has_capability(jcfg, Capability.SHARES_WEIGHTS) and same_model(jcfg.model, cfg.model.name)
-            and getattr(jcfg, "dtype", cfg.model.dtype) == cfg.model.dtype):
+    if _shares_pi0(jcfg, cfg):
         # cache_tag: these weights never change (pi_0), so the judge cache may reuse reads;
         # the cache fingerprint is a hash of the weights themselves, not the model's name.
         judge = build_judge(jcfg, model=reference.module, tokenizer=tokenizer, cache_tag="initial-policy")
         return as_pairwise(judge), reference.model
     return as_pairwise(build_judge(jcfg)), contextlib.nullcontext
+
+
+def _shares_pi0(jcfg: JudgeConfig, cfg: OnlineConfig) -> bool:
+    """Whether :func:`build_annotator` hands this annotator the reference module (pi_0's weights)."""
+    return (has_capability(jcfg, Capability.SHARES_WEIGHTS) and same_model(jcfg.model, cfg.model.name)
+            and getattr(jcfg, "dtype", cfg.model.dtype) == cfg.model.dtype)
+
+
+def _computes_on_pi0_tensors(jcfg: JudgeConfig, cfg: OnlineConfig) -> bool:
+    """A shared annotator that runs on pi_0's torch tensors: a transformers judge, or any judge of a
+    LoRA policy (its context switches the adapter off on the policy itself). A vLLM judge of a
+    full model reads the frozen copy's weights once into its engine."""
+    return _shares_pi0(jcfg, cfg) and (cfg.model.lora.enabled or jcfg.kind != "vllm")
 
 
 def _reads_pi0_in_bf16_only(jcfg: JudgeConfig, ctx, reference: Reference) -> bool:
@@ -294,6 +340,25 @@ def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
 
 def _eval_now(cfg: OnlineConfig, step: int) -> bool:
     return cfg.eval.enabled and (step == cfg.train.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0))
+
+
+def _checkpoint_now(cfg: OnlineConfig, step: int) -> bool:
+    return step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0)
+
+
+def _prefetch_now(cfg: OnlineConfig, step: int) -> bool:
+    """mode=async: whether step+1's samples are drawn during this step. Not across a checkpoint
+    (its state then holds nothing in flight, and the resumed run samples step+1 from the same
+    weights the uninterrupted one does), nor an evaluation (it samples on the same engine from
+    the updated weights)."""
+    return step < cfg.train.steps and not _checkpoint_now(cfg, step) and not _eval_now(cfg, step)
+
+
+def _prefetch_job(lp: LoopState, step: int, seed: int) -> Callable[[], StepPairs]:
+    def job() -> StepPairs:
+        with torch.no_grad():  # grad mode is per thread; nothing sampled or judged needs a graph
+            return label_fresh(lp, step, 1, seed=seed)
+    return job
 
 
 # ============================================================================ run: setup -> loop -> save
@@ -339,6 +404,8 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
     # Built before the judges so that a vLLM judge of the same model shares its engine.
     engine = make_generator(acc.unwrap_model(ddp_policy), tok, cfg.sampling)
     sync_every, last_sync = cfg.sampling.vllm.sync_every, start
+    if cfg.mode == "async":  # syncs only where the loop says (nothing in flight), never from the background thread
+        engine.allow_stale = True
     loss_fn, beta = get_loss(cfg.loss.name), cfg.loss.beta_value
 
     # judges: the annotator (not needed offline) and the evaluation judge
@@ -376,72 +443,91 @@ def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, toke
                          ("winrate_vs_init", "win", "{:.2f}")))
 
     # ------------------------------------------------------------------ loop (Algorithm 1)
+    prefetch = Prefetch() if cfg.mode == "async" else None
     step = start
-    for step in range(start + 1, cfg.train.steps + 1):
-        seed_everything(step_seed(cfg.seed, step, rank))
-        t_step = time.perf_counter()
-        staleness = step - 1 - last_sync  # optimiser steps the sampling weights lag behind (hf: 0)
-        sp = MODES[cfg.mode](lp, step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
-        times, pairs = sp.times, sp.pairs
-        fault_point(f"{step}:after_judge")
+    try:
+        for step in range(start + 1, cfg.train.steps + 1):
+            seed_everything(step_seed(cfg.seed, step, rank))
+            t_step = time.perf_counter()
+            got = prefetch.take(step) if prefetch is not None else None
+            if got is not None:  # async: drawn during the last step from the weights before it
+                sp, staleness = _train_next(publish(lp, got.value), lp), got.staleness
+                sp.times["wait"] = got.wait_s
+                sp.times["sync"] = engine.sync() if engine.stale else 0.0  # the engine was busy until now: bring it to theta_{step-1}
+                last_sync = step - 1
+            else:
+                staleness = step - 1 - last_sync  # optimiser steps the sampling weights lag behind (hf: 0)
+                sp = MODES[cfg.mode](lp, step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
+            if prefetch is not None and _prefetch_now(cfg, step):  # step+1's samples, from theta_{step-1}
+                prefetch.submit(step + 1, _prefetch_job(lp, step + 1, sampling_seed(cfg.seed, step + 1, rank)),
+                                staleness=step - last_sync)
+            times, pairs = sp.times, sp.pairs
+            fault_point(f"{step}:after_judge")
 
-        # 4. the DAP update on this process's pairs; gradients averaged over processes
-        n_global = reduce_sum(acc, len(pairs))
-        grad_norm, res = None, None
-        if n_global > 0:
-            res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
-                               normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward, device=acc.device,
-                               no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, precision=cfg.train.precision)
-            for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
-                check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
-            t_opt = time.perf_counter()
-            if cfg.optim.grad_clip:
-                grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
-            optimizer.step()
-            times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
-        optimizer.zero_grad(set_to_none=True)
-        if engine.name == "hf":
-            last_sync = step  # samples from the updated tensors themselves
-        elif step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step):
-            times["sync"] = engine.sync() if engine.stale else 0.0  # raises EngineSyncError: the run stops
-            last_sync = step
-        lr = scheduler.get_last_lr()[0]
-        with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
-            warnings.simplefilter("ignore", UserWarning)
-            scheduler.step()
-        times["step"] = time.perf_counter() - t_step
+            # 4. the DAP update on this process's pairs; gradients averaged over processes
+            n_global = reduce_sum(acc, len(pairs))
+            grad_norm, res = None, None
+            if n_global > 0:
+                res = dap_backward(ddp_policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
+                                   normaliser=n_global / world, pad_token_id=tok.pad_token_id, backward=acc.backward, device=acc.device,
+                                   no_sync=lambda: acc.no_sync(ddp_policy), lockstep=world > 1, precision=cfg.train.precision)
+                for ps in res.pairs:  # a NaN/inf loss stops the run before the optimiser step and any checkpoint
+                    check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
+                t_opt = time.perf_counter()
+                if cfg.optim.grad_clip:
+                    grad_norm = float(acc.clip_grad_norm_(ddp_policy.parameters(), cfg.optim.grad_clip))
+                optimizer.step()
+                times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
+            optimizer.zero_grad(set_to_none=True)
+            if engine.name == "hf":
+                last_sync = step  # samples from the updated tensors themselves
+            elif prefetch is not None and prefetch.pending:
+                pass  # the engine is sampling step+1 from theta_{step-1}: synced once that is taken
+            elif step % sync_every == 0 or step == cfg.train.steps or _eval_now(cfg, step):
+                times["sync"] = engine.sync() if engine.stale else 0.0  # raises EngineSyncError: the run stops
+                last_sync = step
+            lr = scheduler.get_last_lr()[0]
+            with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
+                warnings.simplefilter("ignore", UserWarning)
+                scheduler.step()
+            times["step"] = time.perf_counter() - t_step
 
-        # log: per-pair losses to the ledger, one metrics row, the progress bar
-        pair_stats = [ps for r in gather(acc, res.pairs if res else []) for ps in r]
-        g_counts = {k: int(reduce_sum(acc, v)) for k, v in sp.counts.items()}
-        g_tokens, g_chars, g_samples = (int(reduce_sum(acc, x)) for x in sp.gen)
-        if main:
-            for ps in pair_stats if lp.ledger is not None else ():
-                lp.ledger.write(loss_row(ps, step))
-            row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=g_counts, times=times,
-                               gen_tokens=g_tokens, gen_chars=g_chars, num_samples=g_samples, lr=lr, grad_norm=grad_norm)
-            row.update(engine=engine.name, time_sync=times.get("sync", 0.0), staleness=max(0, staleness),
-                       engine_syncs=getattr(engine, "syncs", 0))
-        if _eval_now(cfg, step):
-            ev = evaluate_vs_initial(acc, acc.unwrap_model(ddp_policy), tok, eval_judge, eval_ctx, my_eval, init_responses,
-                                     sampling=cfg.eval.sampling, seed=cfg.seed, run_dir=run_dir, step=step)
+            # log: per-pair losses to the ledger, one metrics row, the progress bar
+            pair_stats = [ps for r in gather(acc, res.pairs if res else []) for ps in r]
+            g_counts = {k: int(reduce_sum(acc, v)) for k, v in sp.counts.items()}
+            g_tokens, g_chars, g_samples = (int(reduce_sum(acc, x)) for x in sp.gen)
             if main:
-                row.update(ev)
-        if main:
-            sink.write(row)
-            bar.update(row)
-
-        # checkpoint: everything an exact resume needs, written atomically
-        if step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0):
-            buffers = gather(acc, [[p.to_dict() for p in s] for s in lp.buffer])
+                for ps in pair_stats if lp.ledger is not None else ():
+                    lp.ledger.write(loss_row(ps, step))
+                row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=g_counts, times=times,
+                                   gen_tokens=g_tokens, gen_chars=g_chars, num_samples=g_samples, lr=lr, grad_norm=grad_norm)
+                row.update(engine=engine.name, time_sync=times.get("sync", 0.0), staleness=max(0, staleness),
+                           engine_syncs=getattr(engine, "syncs", 0))
+                if prefetch is not None:  # async: generate/judge ran during the last step; wait = what showed
+                    row.update(prefetched=got is not None, time_wait=times.get("wait", 0.0))
+            if _eval_now(cfg, step):
+                ev = evaluate_vs_initial(acc, acc.unwrap_model(ddp_policy), tok, eval_judge, eval_ctx, my_eval, init_responses,
+                                         sampling=cfg.eval.sampling, seed=cfg.seed, run_dir=run_dir, step=step)
+                if main:
+                    row.update(ev)
             if main:
-                save_checkpoint(run_dir / "checkpoints" / f"step-{step}", model=acc.unwrap_model(ddp_policy),
-                                optimizer=optimizer, scheduler=scheduler, step=step,
-                                state={"cursor": lp.cursor.position, "ledger_offset": offset(run_dir / "ledger.jsonl"),
-                                       "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": cfg.mode})
-                prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
-            acc.wait_for_everyone()
-            fault_point(f"{step}:after_checkpoint")
+                sink.write(row)
+                bar.update(row)
+
+            # checkpoint: everything an exact resume needs, written atomically
+            if _checkpoint_now(cfg, step):
+                buffers = gather(acc, [[p.to_dict() for p in s] for s in lp.buffer])
+                if main:
+                    save_checkpoint(run_dir / "checkpoints" / f"step-{step}", model=acc.unwrap_model(ddp_policy),
+                                    optimizer=optimizer, scheduler=scheduler, step=step,
+                                    state={"cursor": lp.cursor.position, "ledger_offset": offset(run_dir / "ledger.jsonl"),
+                                           "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": cfg.mode})
+                    prune_checkpoints(run_dir, cfg.checkpoint.keep_last)
+                acc.wait_for_everyone()
+                fault_point(f"{step}:after_checkpoint")
+    finally:
+        if prefetch is not None:
+            prefetch.close()
 
     # ------------------------------------------------------------------ save
     bar.close()

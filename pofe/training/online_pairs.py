@@ -91,8 +91,9 @@ def prompt_input(p: Prompt):
 
 def sample_and_annotate(policy, tokenizer, judge, prompts: Sequence[Prompt], *, n: int, sampling: SamplingConfig,
                         step: int, rank: int = 0, judge_context: Callable = contextlib.nullcontext,
-                        times: dict[str, float] | None = None) -> list[Annotation]:
-    """Steps 2-3 of Algorithm 1 for a batch of prompts (the caller seeds the RNG).
+                        times: dict[str, float] | None = None, seed: int | None = None) -> list[Annotation]:
+    """Steps 2-3 of Algorithm 1 for a batch of prompts (the caller seeds the RNG, or passes
+    ``seed``: a background thread must not draw from torch's process-wide generator).
 
     All ``n`` samples of all prompts come from one batched ``generate`` (KV cache), and all
     non-identical pairs go to the judge in one call (the judge scores both orders in one
@@ -101,7 +102,7 @@ def sample_and_annotate(policy, tokenizer, judge, prompts: Sequence[Prompt], *, 
     """
     times = times if times is not None else {}
     t0 = time.perf_counter()
-    groups = generate(policy, tokenizer, [prompt_input(p) for p in prompts], n=n, sampling=sampling)
+    groups = generate(policy, tokenizer, [prompt_input(p) for p in prompts], n=n, sampling=sampling, seed=seed)
     times["generate"] = times.get("generate", 0.0) + time.perf_counter() - t0
     cands: list[Annotation] = []
     for prompt, g in zip(prompts, groups):
@@ -232,3 +233,4 @@ class StepPairs:
     rows: list[dict] = field(default_factory=list)  # ledger rows of all processes
     gen: tuple[int, int, int] = (0, 0, 0)  # tokens, characters, samples (this process)
     times: dict[str, float] = field(default_factory=dict)
+    slices: list[list[TokenPair]] = field(default_factory=list)  # labelled, not yet in the buffer (see publish)

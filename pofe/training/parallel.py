@@ -54,6 +54,14 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
 
 
+def sampling_seed(seed: int, step: int, rank: int) -> int:
+    """The sampling seed a generator draws from torch's RNG right after
+    ``seed_everything(step_seed(seed, step, rank))``, computed on a private generator: a step
+    sampled ahead in a background thread (mode=async) must not touch the process-wide one."""
+    g = torch.Generator().manual_seed(step_seed(seed, step, rank))
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=g).item())
+
+
 def weights_digest(model) -> str:
     """sha256 of the trainable weights (to check that data-parallel copies agree)."""
     h = hashlib.sha256()
