@@ -65,6 +65,8 @@ def test_cli_bad_config_exits_2(tmp_path):
     assert r.exit_code == 2 and "config.yaml" in r.output
     r = CliRunner().invoke(app, ["online", "--set", "data.prompts=/nonexistent.jsonl"])
     assert r.exit_code == 2 and "not found" in r.output
+    r = CliRunner().invoke(app, ["online", "--mode", "async"])  # the default hf engine samples the trained tensors
+    assert r.exit_code == 2 and "mode=async needs sampling.engine=vllm" in r.output
 
 
 def test_cli_require_audit_refuses_a_failed_or_missing_audit(tmp_path, tiny_model_dir):

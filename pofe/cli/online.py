@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         set_: Optional[list[str]] = SetOpt,
         resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR from its latest checkpoint."),
         steps: Optional[int] = typer.Option(None, help="Optimiser steps (train.steps)."),
-        mode: Optional[str] = typer.Option(None, help="online | iterative | offline (mode)."),
+        mode: Optional[str] = typer.Option(None, help="online | async | iterative | offline (mode)."),
         judge: Optional[str] = typer.Option(None, help="Judge kind (judge.kind), e.g. llm, length, reward-model."),
         template: Optional[str] = typer.Option(None, help="Judge template (judge.template), e.g. helpful-short."),
         model: Optional[str] = typer.Option(None, help="Policy (model.name): embedded name, hub id or local dir."),

@@ -1,5 +1,5 @@
 """The shared direct-alignment (DAP) update: pairs -> policy / reference log-probs -> loss
--> backward. Used by ``pofe online`` in all three modes (online, iterative, offline) and by
+-> backward. Used by ``pofe online`` in all its modes (online, async, iterative, offline) and by
 any loop that runs DPO / IPO / SLiC on pairs (OAIF Algorithm 1, lines "compute the loss"
 and "update": the gradient flows only through log pi_theta; sampling and annotation are
 constants, OAIF Sec. 3 "stop_gradient").
