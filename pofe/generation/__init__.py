@@ -4,9 +4,9 @@ transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with
 ``generate``/``HFGenerator`` are imported on first use, so that configs which embed a
 ``SamplingConfig`` (judge configs, every command's config) validate without importing torch."""
 
-from pofe.generation.base import ENGINES, Generator, SamplingConfig, VLLMSettings, make_generator
+from pofe.generation.base import ENGINES, Generator, HFSettings, SamplingConfig, VLLMSettings, make_generator
 
-__all__ = ["ENGINES", "Generator", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]
+__all__ = ["ENGINES", "Generator", "HFSettings", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]
 
 
 def __getattr__(name: str):

@@ -63,8 +63,18 @@ class HFGenerator:
     @torch.no_grad()
     def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
                  seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
-        model, tokenizer = self.model, self.tokenizer
         sampling = sampling or SamplingConfig()
+        if sampling.hf.dtype != "model":
+            half = half_precision_copy(self.model, getattr(torch, sampling.hf.dtype))
+            try:
+                return HFGenerator(half, self.tokenizer)._generate(prompts, n, sampling, seed, chat_template)
+            finally:
+                del half  # freed now: the copy never outlives the call, so it is never stale
+        return self._generate(prompts, n, sampling, seed, chat_template)
+
+    def _generate(self, prompts, n: int, sampling: SamplingConfig, seed: int | None,
+                  chat_template: bool) -> list[list[Completion]]:
+        model, tokenizer = self.model, self.tokenizer
         if seed is not None:
             torch.manual_seed(seed)
         device = next(model.parameters()).device
@@ -120,6 +130,21 @@ class HFGenerator:
             if was_training:
                 model.train()
         return out
+
+
+def half_precision_copy(model, dtype: torch.dtype):
+    """A copy of ``model`` whose floating-point parameters are ``dtype`` casts of the current
+    ones, made without copying them in their own dtype first (``deepcopy`` is handed the casts
+    through its memo, so a tied embedding / LM head stays one tensor). Buffers are copied as
+    they are: RoPE's inverse frequencies stay fp32. A PEFT model keeps its adapter state (an
+    adapter switched off stays off in the copy)."""
+    import copy
+
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) if p.is_floating_point() else
+            torch.nn.Parameter(p.detach().clone(), requires_grad=False) for p in model.parameters()}
+    half = copy.deepcopy(model, memo)
+    half.eval()
+    return half
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

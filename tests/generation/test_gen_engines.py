@@ -68,3 +68,94 @@ def test_online_rows_record_the_engine(tmp_path, tiny_model_dir):
     rows = read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
     assert [(r["engine"], r["staleness"], r["time_sync"]) for r in rows] == [("hf", 0, 0.0)] * 2
     assert summary["engine"] == "hf" and summary["engine_syncs"] == 0
+
+
+def test_online_samples_from_a_bf16_copy(tmp_path, tiny_model_dir):
+    from pofe.loops.online import run
+    from pofe.runs import read_jsonl
+    from tests._online_utils import tiny_cfg
+
+    summary = run(tiny_cfg(tmp_path, tiny_model_dir, "eval.enabled=false", "sampling.hf.dtype=bfloat16",
+                           "train.precision=bf16"))
+    rows = read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["gen_tokens"] > 0 and r["annotations"] == 2 for r in rows)
+
+
+def test_hf_dtype_is_an_hf_key():
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.online import OnlineConfig
+
+    assert load_config(OnlineConfig, None, ["sampling.hf.dtype=bfloat16"]).sampling.hf.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="hf.dtype is only used with engine: hf"):
+        load_config(OnlineConfig, None, ["sampling.engine=vllm", "sampling.hf.dtype=bfloat16"])
+
+
+def test_half_precision_copy_casts_parameters_only_and_keeps_ties(tiny_model):
+    from pofe.generation.sampling import half_precision_copy
+
+    half = half_precision_copy(tiny_model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in half.parameters())
+    assert half.get_input_embeddings().weight is half.get_output_embeddings().weight  # tied, one tensor
+    buffers = dict(tiny_model.named_buffers())
+    assert buffers and all(b.dtype == buffers[k].dtype for k, b in half.named_buffers())  # RoPE stays fp32
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())  # the original is untouched
+    a, b = dict(tiny_model.named_parameters()), dict(half.named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(b[k], a[k].to(torch.bfloat16)) for k in a)
+
+
+def test_hf_bf16_sampling_follows_the_current_weights(tiny_model, tokenizer, tmp_path):
+    """Samples (same seed) from sampling.hf.dtype=bfloat16 equal those of the same weights loaded
+    in bf16 by transformers (an independent cast), before and after an in-place update: the copy
+    is made from the weights of the moment, never kept. (Sampled, not greedy: a tiny random model
+    greedily repeats the prompt's last token whatever its weights.)"""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig, generate
+
+    prompts = ["Name a colour.", "Say hello."]
+    half = SamplingConfig(temperature=1.0, max_new_tokens=8, hf={"dtype": "bfloat16"})
+    plain = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    texts = []
+    for update in (False, True):
+        if update:
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in tiny_model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * p.std())
+        tiny_model.save_pretrained(tmp_path / str(update))
+        ref = AutoModelForCausalLM.from_pretrained(tmp_path / str(update), dtype=torch.bfloat16)
+        ours = [g[0].token_ids for g in generate(tiny_model, tokenizer, prompts, sampling=half, seed=0)]
+        theirs = [g[0].token_ids for g in generate(ref, tokenizer, prompts, sampling=plain, seed=0)]
+        assert ours == theirs
+        texts.append(ours)
+    assert texts[0] != texts[1]  # the update changed what is sampled, so the second check had teeth
+
+
+def test_hf_bf16_copy_of_a_lora_policy_keeps_its_adapter_switched_off(tiny_model, tokenizer):
+    """pi_0 of a LoRA policy is the policy with its adapter off (the reference's context): the
+    copy must sample pi_0 then, and the adapted policy otherwise."""
+    from peft import LoraConfig, get_peft_model
+
+    from pofe.generation import SamplingConfig, generate
+    from pofe.generation.sampling import half_precision_copy
+
+    base = half_precision_copy(tiny_model, torch.bfloat16)
+    peft = get_peft_model(tiny_model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # an adapter that changes what is sampled (a fresh one is B = 0: no change)
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+    half = SamplingConfig(temperature=1.0, max_new_tokens=8, hf={"dtype": "bfloat16"})
+    plain = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    prompts = ["Name a colour.", "Say hello."]
+    x = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        with peft.disable_adapter():
+            off = [g[0].token_ids for g in generate(peft, tokenizer, prompts, sampling=half, seed=0)]
+            off_logits = half_precision_copy(peft, torch.bfloat16)(**x).logits
+        on_logits = half_precision_copy(peft, torch.bfloat16)(**x).logits
+        base_logits = base(**x).logits
+    assert off == [g[0].token_ids for g in generate(base, tokenizer, prompts, sampling=plain, seed=0)]
+    assert torch.equal(off_logits, base_logits)
+    assert (on_logits.float() - off_logits.float()).abs().max() > 0.1  # the adapter is on in a copy made with it on
