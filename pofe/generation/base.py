@@ -73,9 +73,10 @@ class HFSettings(PofeConfig):
     """Weights ``generate`` runs on. model = the model's own tensors (always current, no copy).
     bfloat16 / float16 = a half-precision copy made at each call from the current weights (tied
     weights stay tied, buffers such as RoPE's frequencies keep their dtype) and freed after it:
-    decoding reads half the bytes per token. SmolLM2-135M, 8 x 48 tokens on this 2-core AMX CPU:
-    1.9 s instead of 3.9 s (benchmarks/online-notes.md); the copy takes ~0.05 s. Samples then
-    come from the rounded weights, as with a bf16 vLLM engine."""
+    decoding reads half the bytes per token; a model already in that dtype is used as it is.
+    SmolLM2-135M, 8 x 48 tokens on this 2-core AMX CPU: 2.5 s instead of 4.3 s, the copy included
+    (benchmarks/online-notes.md). Samples then come from the rounded weights, as with a bf16 vLLM
+    engine."""
 
 
 class SamplingConfig(PofeConfig):

@@ -64,13 +64,12 @@ class HFGenerator:
     def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
                  seed: int | None = None, *, chat_template: bool = True) -> list[list[Completion]]:
         sampling = sampling or SamplingConfig()
-        if sampling.hf.dtype != "model":
-            half = half_precision_copy(self.model, getattr(torch, sampling.hf.dtype))
-            try:
-                return HFGenerator(half, self.tokenizer)._generate(prompts, n, sampling, seed, chat_template)
-            finally:
-                del half  # freed now: the copy never outlives the call, so it is never stale
-        return self._generate(prompts, n, sampling, seed, chat_template)
+        dtype = None if sampling.hf.dtype == "model" else getattr(torch, sampling.hf.dtype)
+        if dtype is not None and any(p.is_floating_point() and p.dtype != dtype for p in self.model.parameters()):
+            # a copy for this call only (freed on return), so it can never be stale
+            half = half_precision_copy(self.model, dtype)
+            return HFGenerator(half, self.tokenizer)._generate(prompts, n, sampling, seed, chat_template)
+        return self._generate(prompts, n, sampling, seed, chat_template)  # already in that dtype: no copy
 
     def _generate(self, prompts, n: int, sampling: SamplingConfig, seed: int | None,
                   chat_template: bool) -> list[list[Completion]]:

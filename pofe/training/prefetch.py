@@ -9,7 +9,7 @@ tokenizer, none of which the training step uses; collectives and ledger writes s
 thread (:func:`pofe.loops.online.publish`), and the engine is synced only when nothing is in flight.
 
 Whether it pays depends on idle hardware: on a 2-core CPU both sides already use every core
-(benchmarks/online-notes.md, "Asynchronous mode"); on a GPU generation and training overlap.
+(benchmarks/online-notes.md, "Performance round 4"); on a GPU generation and training overlap.
 """
 
 from __future__ import annotations

@@ -159,3 +159,17 @@ def test_hf_bf16_copy_of_a_lora_policy_keeps_its_adapter_switched_off(tiny_model
     assert off == [g[0].token_ids for g in generate(base, tokenizer, prompts, sampling=plain, seed=0)]
     assert torch.equal(off_logits, base_logits)
     assert (on_logits.float() - off_logits.float()).abs().max() > 0.1  # the adapter is on in a copy made with it on
+
+
+def test_hf_dtype_uses_a_model_already_in_that_dtype_as_it_is(tiny_model, tokenizer, monkeypatch):
+    import pofe.generation.sampling as sampling_mod
+    from pofe.generation import SamplingConfig, generate
+
+    copies = []
+    real = sampling_mod.half_precision_copy
+    monkeypatch.setattr(sampling_mod, "half_precision_copy", lambda m, d: copies.append(d) or real(m, d))
+    half = SamplingConfig(temperature=1.0, max_new_tokens=4, hf={"dtype": "bfloat16"})
+    generate(tiny_model, tokenizer, ["Say hello."], sampling=half, seed=0)
+    assert copies == [torch.bfloat16]  # fp32 model: one copy for the call
+    generate(tiny_model.to(torch.bfloat16), tokenizer, ["Say hello."], sampling=half, seed=0)
+    assert copies == [torch.bfloat16]  # already bf16: no second copy
