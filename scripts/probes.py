@@ -1104,9 +1104,24 @@ def probes_load() -> list[Probe]:
 
 # ============================================================================ main
 
+def round2_probes() -> list[Probe]:
+    """The round-2 classes (untrusted run folders, text round trips, network deadlines, secrets,
+    invented values, output guards, the annotate log, resume boundaries): one module per class
+    under ``scripts/probes_r2/``, each with ``probes(P)`` taking this module for its plumbing."""
+    import importlib.util
+
+    out: list[Probe] = []
+    for path in sorted((REPO / "scripts" / "probes_r2").glob("[a-z]*.py")):
+        spec = importlib.util.spec_from_file_location(f"probes_r2_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out.extend(mod.probes(sys.modules[__name__]))
+    return out
+
+
 def all_probes() -> list[Probe]:
     return [*probes_bad_config(), *probes_bad_files(), *probes_outputs(), *probes_crash(), *probes_endpoint(),
-            *probes_concurrency(), *probes_load()]
+            *probes_concurrency(), *probes_load(), *round2_probes()]
 
 
 def run_one(p: Probe, ctx: Ctx) -> Outcome:
@@ -1167,7 +1182,7 @@ def main(argv=None) -> int:
         for p in probes:
             if p.serial:
                 go(p)
-        text = (f"# pofe probe re-run (issue 14)\n\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        text = (f"# pofe probe re-run (issues 14 and 21)\n\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                 f"{time.time() - t0:.0f} s wall, {args.jobs} jobs, commit {_commit()}\n\n" + table(probes, results))
         Path(args.out).write_text(text)
         print(text)
