@@ -37,14 +37,20 @@ class AnnotationPair:
     where: str  # file:line of the row it came from
 
 
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a lone surrogate (a JSON "\ud800" escape in the pair file) still hashes,
+    # and every other text hashes exactly as under plain UTF-8, so ids do not change.
+    return text.encode("utf-8", "surrogatepass")
+
+
 def content_id(prompt: str, a: str, b: str) -> str:
     x, y = sorted((a, b))
-    h = hashlib.sha256("\x00".join((prompt, x, y)).encode("utf-8")).hexdigest()
+    h = hashlib.sha256(_utf8("\x00".join((prompt, x, y)))).hexdigest()
     return h[:16]
 
 
 def _bit(*parts: str) -> bool:
-    return hashlib.sha256("\x00".join(parts).encode("utf-8")).digest()[0] & 1 == 1
+    return hashlib.sha256(_utf8("\x00".join(parts))).digest()[0] & 1 == 1
 
 
 def shown_swapped(pair_id: str, annotator: str, seed: int = 0) -> bool:
@@ -60,7 +66,7 @@ def subset(pairs: list[AnnotationPair], limit: int | None, seed: int = 0) -> lis
     if limit is None or limit >= len(pairs):
         return list(pairs)
     def rank(i: int) -> bytes:
-        return hashlib.sha256(f"subset\x00{seed}\x00{pairs[i].id}".encode("utf-8")).digest()
+        return hashlib.sha256(_utf8(f"subset\x00{seed}\x00{pairs[i].id}")).digest()
 
     keep = set(sorted(range(len(pairs)), key=rank)[:limit])
     return [p for i, p in enumerate(pairs) if i in keep]

@@ -13,15 +13,20 @@ Security (a page that writes files, reachable from any site the user's browser v
 binds loopback addresses only; refuses a ``Host`` header that is not this loopback server
 (DNS rebinding) and a cross-origin ``Origin`` on writes; writes need a JSON body of bounded
 size naming a pair of this file; static files come from a fixed name -> file table, so no
-request path ever reaches the file system.
+request path ever reaches the file system. Hostile requests (bodies that are not UTF-8, not
+JSON, nested past the parser's depth, numbers past its digit limit, wrong field types,
+lengths that lie) get a one-line JSON 4xx and leave the log and the server as they were.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
 import re
+import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,9 +37,10 @@ from urllib.parse import urlsplit
 
 from pydantic import field_validator
 
-from pofe.annotate.log import EventLog
+from pofe.annotate.log import AnnotatorLock, EventLog, LogWriteError, json_text
 from pofe.annotate.pairs import AnnotationPair, file_sha256, load_pairs, shown_swapped, subset
 from pofe.config import PofeConfig
+from pofe.data.prompts import DataError
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +112,22 @@ class AnnotateConfig(PofeConfig):
         return v
 
 
-class Session:
-    """One annotator's labelling state over one pair file, backed by the event log."""
+def _shown(v: Any, n: int = 60) -> str:
+    """``repr(v)`` cut to ``n`` characters: error messages echo what was sent, not 60 KB of it."""
+    try:
+        r = repr(v)
+    except ValueError:  # an int past Python's digit limit cannot even be printed
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= n else r[: n - 3] + "..."
 
-    def __init__(self, cfg: AnnotateConfig):
+
+class Session:
+    """One annotator's labelling state over one pair file, backed by the event log.
+    ``lock`` (the server's hold on this log for this annotator) is released by :meth:`close`."""
+
+    def __init__(self, cfg: AnnotateConfig, lock: AnnotatorLock | None = None):
         self.cfg = cfg
+        self.owner_lock = lock
         pairs, self.skipped_rows = load_pairs(cfg.pairs)
         self.n_in_file = len(pairs)
         self.pairs = subset(pairs, cfg.limit, cfg.seed)
@@ -159,10 +176,10 @@ class Session:
 
     # ------------------------------------------------------------------ writes
     def decide(self, pair_id: Any, choice: Any) -> dict[str, Any]:
-        if choice not in CHOICES:
-            raise BadRequest(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        if not isinstance(choice, str) or choice not in CHOICES:
+            raise BadRequest(f"choice must be one of {', '.join(CHOICES)}, got {_shown(choice)}")
         if not isinstance(pair_id, str) or pair_id not in self.by_id:
-            raise BadRequest(f"unknown pair id {pair_id!r}: not a pair of {self.cfg.pairs}")
+            raise BadRequest(f"unknown pair id {_shown(pair_id)}: not a pair of {self.cfg.pairs}")
         with self._lock:
             if pair_id in self.decided:
                 raise Conflict(f"pair {pair_id!r} is already decided by {self.cfg.annotator!r} (undo it first)")
@@ -194,6 +211,9 @@ class Session:
 
     def close(self) -> None:
         self.log.close()
+        if self.owner_lock is not None:
+            self.owner_lock.release()
+            self.owner_lock = None
 
 
 def _version() -> str:
@@ -208,6 +228,14 @@ class BadRequest(Exception):
 
 class Conflict(Exception):
     status = HTTPStatus.CONFLICT
+
+
+class Refused(Exception):
+    """A request refused before it reaches the session (its body unread or unusable)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 _STATIC = {  # request path -> (file in pofe/annotate/static, content type)
@@ -245,7 +273,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, status: int, obj: Any) -> None:
-        self._send(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
+        # json_text: texts of the pair file may hold lone surrogates, which UTF-8 cannot encode.
+        self._send(status, json_text(obj).encode("utf-8"), "application/json; charset=utf-8")
 
     def _error(self, status: int, message: str) -> None:
         self._json(status, {"error": message})
@@ -271,6 +300,64 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             return False
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (malformed request line, headers too long, unknown
+        method) as this API's one-line JSON, like every other answer; the status line carries
+        only the standard phrase, never text from the request."""
+        self.log_error("code %d, message %s", code, message)
+        if self.request_version == "HTTP/0.9":  # an unparsable request line: still answer with a status line
+            self.request_version = "HTTP/1.0"
+        self.close_connection = True
+        self._unread_body = True
+        phrase = self.responses.get(code, ("error", ""))[0]
+        body = json.dumps({"error": message or phrase}).encode("ascii")
+        self.send_response(code)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def finish(self) -> None:
+        super().finish()
+        if getattr(self, "_unread_body", False):
+            self._linger()
+
+    def _linger(self) -> None:
+        """After refusing a request whose body was not read, stop sending and read what the
+        client still sends (bounded), so that closing does not reset the connection and
+        throw away the error reply before the client has read it."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(1.0)
+            left = 4 * MAX_BODY
+            while left > 0:
+                got = self.connection.recv(min(left, 65536))
+                if not got:
+                    break
+                left -= len(got)
+        except OSError:
+            pass
+
+    def handle_one_request(self) -> None:
+        self._unread_body = False
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):
+            raise  # the client went away: AnnotateServer.handle_error notes it quietly
+        except Exception as e:  # noqa: BLE001 - a request must never take the page down or print a traceback
+            log.error("annotate: internal error on %s %s: %s: %s", self.command, _shown(self.path, 80),
+                      type(e).__name__, e)
+            log.debug("traceback", exc_info=True)
+            try:
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}")
+            except OSError:
+                pass
+            self.close_connection = True
+
     def do_GET(self) -> None:
         if not self._host_ok():
             return self._error(HTTPStatus.FORBIDDEN, "forbidden host: pofe annotate answers on its loopback address only")
@@ -283,47 +370,83 @@ class Handler(BaseHTTPRequestHandler):
         return self._error(HTTPStatus.NOT_FOUND, "not found")
 
     def do_POST(self) -> None:
-        if not self._host_ok() or not self._origin_ok():
-            return self._error(HTTPStatus.FORBIDDEN, "forbidden host or origin")
+        self._unread_body = True
+        try:
+            body = self._read_json_body()
+        except Refused as e:
+            return self._error(e.status, str(e))
         path = urlsplit(self.path).path
-        if path not in ("/api/decide", "/api/undo"):
-            return self._error(HTTPStatus.NOT_FOUND, "not found")
+        try:
+            s = self.server.session
+            state = s.decide(body.get("pair_id"), body.get("choice")) if path == "/api/decide" else s.undo()
+        except (BadRequest, Conflict) as e:
+            return self._error(e.status, str(e))
+        except LogWriteError as e:  # the log could not be written: say so, never pretend it was saved
+            log.error("annotate: %s", e)
+            status = HTTPStatus.INSUFFICIENT_STORAGE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) \
+                else HTTPStatus.INTERNAL_SERVER_ERROR
+            return self._error(status, f"could not save the label: {e}")
+        return self._json(HTTPStatus.OK, state)
+
+    def _read_json_body(self) -> dict[str, Any]:
+        """The request's JSON object, or :class:`Refused` with the status and the reason."""
+        if not self._host_ok() or not self._origin_ok():
+            raise Refused(HTTPStatus.FORBIDDEN, "forbidden host or origin")
+        if urlsplit(self.path).path not in ("/api/decide", "/api/undo"):
+            raise Refused(HTTPStatus.NOT_FOUND, "not found")
         # A JSON content type cannot be sent cross-site without a CORS preflight, which this
         # server never grants: a page elsewhere cannot post labels.
         if self.headers.get_content_type() != "application/json":
-            return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send application/json")
+            raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send application/json")
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise Refused(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length, not a Transfer-Encoding")
+        lengths = self.headers.get_all("Content-Length") or ["0"]
+        text = lengths[0].strip()
+        if len(lengths) > 1 or not text.isascii() or not text.isdigit():
+            raise Refused(HTTPStatus.BAD_REQUEST, "bad Content-Length: give one non-negative integer")
+        if len(text) > 12 or int(text) > MAX_BODY:
+            raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY} bytes")
+        n = int(text)
         try:
-            n = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            return self._error(HTTPStatus.BAD_REQUEST, "bad Content-Length")
-        if n < 0 or n > MAX_BODY:
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY} bytes")
+            raw = self.rfile.read(n)
+        except TimeoutError:
+            self.close_connection = True
+            raise Refused(HTTPStatus.REQUEST_TIMEOUT, f"the body did not arrive within {self.timeout:g} s") from None
+        self._unread_body = False
+        if len(raw) < n:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"body shorter than its Content-Length ({len(raw)} of {n} bytes)")
         try:
-            body = json.loads(self.rfile.read(n) or b"{}")
-            if not isinstance(body, dict):
-                raise BadRequest("body must be a JSON object")
-            s = self.server.session
-            state = s.decide(body.get("pair_id"), body.get("choice")) if path == "/api/decide" else s.undo()
-        except json.JSONDecodeError:
-            return self._error(HTTPStatus.BAD_REQUEST, "body is not JSON")
-        except (BadRequest, Conflict) as e:
-            return self._error(e.status, str(e))
-        except OSError as e:  # the log could not be written: say so, never pretend it was saved
-            log.error("annotate: could not write %s: %s", self.server.session.log.path, e)
-            return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"could not save the label: {e}")
-        return self._json(HTTPStatus.OK, state)
+            body = json.loads(raw.decode("utf-8") or "{}")
+        except UnicodeDecodeError as e:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"body is not UTF-8 (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"body is not JSON ({e.msg} at character {e.pos})") from None
+        except RecursionError:
+            raise Refused(HTTPStatus.BAD_REQUEST, "body is not usable JSON: nested too deeply") from None
+        except ValueError as e:  # e.g. an integer past Python's digit limit
+            raise Refused(HTTPStatus.BAD_REQUEST, f"body is not usable JSON: {_shown(str(e), 100)}") from None
+        if not isinstance(body, dict):
+            raise Refused(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
+        return body
 
 
 class AnnotateServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, session: Session, host: str, port: int):
-        import socket
-
         self.session = session
         bind = "127.0.0.1" if host.lower() == "localhost" else host.strip("[]")
         self.address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         super().__init__((bind, port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One log line, not the standard library's traceback on stderr: what reaches here is
+        a client that went away (or a failure Handler already answered)."""
+        e = sys.exc_info()[1]
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            log.debug("annotate: %s went away: %s", client_address[0], e)
+        else:
+            log.error("annotate: request from %s failed: %s: %s", client_address[0], type(e).__name__, e)
 
     @property
     def url(self) -> str:
@@ -352,15 +475,33 @@ def check_output(cfg: AnnotateConfig) -> None:
 
 
 def make_server(cfg: AnnotateConfig) -> AnnotateServer:
-    """Load the pairs, replay the log, bind, and record the session's ``open`` event (not yet
-    serving). Raises ``DataError`` / ``ValueError`` for bad input, ``OSError`` when the port
+    """Take this annotator's lock on the log, load the pairs, replay the log, bind, and record
+    the session's ``open`` event (not yet serving). Raises ``DataError`` / ``ValueError`` for
+    bad input (``LogInUse`` when another server holds the log for this annotator),
+    ``LogWriteError`` when the ``open`` event cannot be saved, ``OSError`` when the port
     cannot be bound."""
     check_output(cfg)
-    session = Session(cfg)
+    try:
+        lock = AnnotatorLock(cfg.output, cfg.annotator)
+    except OSError as e:
+        raise DataError(f"output {cfg.output}: cannot create its lock file ({e.strerror or e})") from None
+    try:
+        session = Session(cfg, lock)
+    except OSError as e:
+        lock.release()
+        raise DataError(f"output {cfg.output}: cannot open it ({e.strerror or e})") from None
+    except BaseException:
+        lock.release()
+        raise
     try:
         server = AnnotateServer(session, cfg.host, cfg.port)
     except OSError:
         session.close()
         raise
-    session.open_event()
+    try:
+        session.open_event()
+    except BaseException:
+        server.server_close()
+        session.close()
+        raise
     return server

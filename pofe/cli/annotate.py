@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(AnnotateConfig, config, set_, {
             "pairs": pairs, "annotator": annotator, "output": output, "limit": limit, "port": port, "host": host}, print_config)
+        from pofe.annotate.log import LogWriteError
         from pofe.annotate.server import make_server
         from pofe.data.prompts import DataError
 
@@ -39,12 +40,17 @@ def register(app: typer.Typer) -> None:
             server = make_server(cfg)
         except (DataError, ValueError) as e:
             fail(str(e))
+        except LogWriteError as e:  # e.g. a full disk: the environment, not the input
+            fail(str(e), code=1)
         except OSError as e:
             fail(f"cannot serve on {cfg.host}:{cfg.port} ({e.strerror or e})")
         s = server.session
         c = s.counts()
         skipped = ", ".join(f"{v} {k}" for k, v in s.skipped_rows.items())
         typer.echo(f"pofe annotate: {server.url}", nl=True)
+        if s.log.torn_bytes_dropped:
+            typer.echo(f"  cut a torn last line ({s.log.torn_bytes_dropped} bytes, a write that was cut short and "
+                       f"never acknowledged) off {cfg.output}")
         sub = f" (a seeded subset of {s.n_in_file})" if c["total"] < s.n_in_file else ""
         typer.echo(f"  {c['total']} pairs{sub} from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
                    + f"; annotator {cfg.annotator}: {c['labelled']} labelled, {c['skipped']} skipped so far"
