@@ -90,13 +90,14 @@ def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:
     """Setup -> label in chunks -> save. Returns the summary."""
-    from pofe.data.io import check_output
     from pofe.judges import build_judge, summarize_judgments, summarize_scores
     from pofe.judges.base import Capability, has_capability
 
     if not cfg.input:
         raise ValueError("no input file: pofe judge FILE")
-    check_output(cfg.output, [cfg.input])
+    from pofe.outputs import guard_outputs, judge_inputs
+
+    guard_outputs({"-o": cfg.output}, [cfg.input, *judge_inputs(cfg.judge)])
     pointwise = not has_capability(cfg.judge, Capability.PAIRWISE)
     rows = load_rows(cfg, pointwise)
     run_dir = open_run(cfg.run, "judge")

@@ -25,12 +25,12 @@ the winner, and a soft loss is unchanged by the swap (BCE(-d, 1 - p) = BCE(d, p)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pofe.data.io import DataError, check_output
+from pofe.data.io import DataError, json_line, json_lines
 from pofe.data.preferences import PreferenceData, load_preferences
+from pofe.outputs import guard_outputs
 from pofe.records import PreferencePair
 
 Format = Literal["trl", "trl-conversational", "alpaca_eval", "datasets"]
@@ -91,17 +91,24 @@ def export_pairs(source: str | Path, fmt: Format, output: str | Path) -> dict[st
     if fmt == "datasets":
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise DataError(f"-o {output}: exists and is not an empty folder (a datasets folder is written fresh)")
-    else:
-        check_output(out, [pair_file])
+    # Only the pair file is read, so it is the input an output must never land on; the guard
+    # also keeps a datasets folder out of a live run's folder.
+    check = {"folders": {"-o"}} if fmt == "datasets" else {}
+    guard_outputs({"-o": out}, [pair_file], **check)
     data: PreferenceData = load_preferences(pair_file)
     rows = export_rows(data.pairs, fmt)
     if fmt == "datasets":
         import datasets
 
-        datasets.Dataset.from_list(export_rows(data.pairs, "trl")).save_to_disk(str(out))
+        try:
+            ds = datasets.Dataset.from_list(export_rows(data.pairs, "trl"))
+        except UnicodeEncodeError as e:  # Arrow stores UTF-8 only: a lone surrogate has no form there
+            raise DataError(f"-o {output}: a pair holds {e.object[e.start:e.end]!r}, a lone surrogate that a datasets "
+                            "(Arrow) folder cannot store; export with --format trl (JSON Lines keeps it)") from None
+        ds.save_to_disk(str(out))
     elif fmt == "alpaca_eval":
-        atomic_write_text(out, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
+        atomic_write_text(out, json_line(rows, indent=1) + "\n")
     else:
-        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(out, json_lines(rows))
     return {"input": str(pair_file), "output": str(out), "format": fmt, "pairs": len(rows),
             "skipped": data.skipped}

@@ -28,7 +28,9 @@ import gzip
 import io
 import json
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -41,6 +43,90 @@ FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt"
 class DataError(ValueError):
     """An input that cannot be read; ``str(e)`` is one line naming the file, the line or row,
     and the field. (A ``ValueError`` so callers that report bad input with exit 2 catch it.)"""
+
+
+# ----------------------------------------------------------------------------- JSON Lines
+
+# Characters ``json.dumps(ensure_ascii=False)`` leaves raw that break a line-based reader or
+# cannot be encoded: U+0085 / U+2028 / U+2029 end a line for ``str.splitlines`` (and for
+# JavaScript, before ES2019), and a lone surrogate (from a JSON ``"\ud800"`` escape) has
+# no UTF-8 form, so writing it raised UnicodeEncodeError. json.dumps escapes every other
+# control character itself, and these can only occur inside JSON strings, where the
+# ``\uXXXX`` escape reads back as the same character.
+_LINE_UNSAFE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
+
+
+def json_line(obj: Any, **kw: Any) -> str:
+    """``obj`` as JSON text (no trailing newline) that any JSON Lines reader reads back as
+    ``obj`` and that always encodes to UTF-8: ``json.dumps(obj, ensure_ascii=False, **kw)``
+    with U+0085, U+2028, U+2029 and lone surrogates escaped. Every JSON pofe writes goes
+    through here."""
+    return _LINE_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **kw))
+
+
+def json_lines(rows: Any) -> str:
+    """The text of a JSON Lines file: one :func:`json_line` per row, each ending in ``\\n``."""
+    return "".join(json_line(r) + "\n" for r in rows)
+
+
+def iter_jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a JSON Lines text, split on ``\\n`` only (a ``\\r``
+    before it is dropped). Not ``str.splitlines``: that also splits on U+2028, U+0085, form
+    feeds, ..., which valid JSON may hold raw inside a string, so one row became two invalid
+    halves. Every JSON Lines reader in pofe goes through here."""
+    for i, line in enumerate(text.split("\n"), 1):
+        yield i, line[:-1] if line.endswith("\r") else line
+
+
+def is_blank_line(line: str) -> bool:
+    """True for a line holding only JSON whitespace (space, tab, CR). Not ``str.strip``:
+    that also strips U+2028, U+0085 and others, which are not JSON whitespace."""
+    return not line.strip(" \t\r")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``json.loads(text)``, every failure a one-line :class:`DataError` naming ``where``:
+    invalid JSON, a number too long for Python's int parser, nesting deep enough to exhaust
+    the recursion limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        line = f":{e.lineno}" if "\n" in text and not re.search(r":\d+$", where) else ""
+        raise DataError(f"{where}{line}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid row (JSON nested too deeply to read)") from None
+    except ValueError as e:  # int('1' * 5000): Python's limit on integer digits
+        raise DataError(f"{where}: invalid JSON ({' '.join(str(e).split(':')[0].split())})") from None
+
+
+def number(value: Any, where: str, name: str) -> float:
+    """A finite float from a row's numeric field; a bool, null, text or a number too large for
+    a float (``1e400``, 400 digits) is a :class:`DataError` naming the row and field: JSON's
+    ``true`` is no number, though ``float(True)`` is 1.0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, str):
+            try:
+                out = float(value)
+            except ValueError:
+                out = None
+            if out is not None and math.isfinite(out):
+                return out
+        raise DataError(f"{where}: {name!r} must be a number, got {_show(value)}")
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):
+        raise DataError(f"{where}: {name!r} must be a finite number, got {_show(value)}")
+    return out
+
+
+def _show(value: Any) -> str:
+    """A short, one-line view of a bad value for an error message."""
+    text = json.dumps(value) if isinstance(value, (bool, type(None))) else repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > 40:
+        return f"an integer of {len(text)} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -187,25 +273,15 @@ def _add(rows: Rows, where: str, make: Callable[[], dict[str, Any]], skip: bool)
 
 
 def _read_jsonl(path: Path, rows: Rows, skip: bool) -> None:
-    for i, line in enumerate(_text(path).splitlines(), 1):
-        if not line.strip():
+    for i, line in iter_jsonl_lines(_text(path)):
+        if is_blank_line(line):
             continue
         where = f"{path}:{i}"
-
-        def make(line=line, where=where):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            return _as_row(value, where)
-        _add(rows, where, make, skip)
+        _add(rows, where, lambda line=line, where=where: _as_row(parse_json(line, where), where), skip)
 
 
 def _read_json(path: Path, rows: Rows, skip: bool) -> None:
-    try:
-        data = json.loads(_text(path))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    data = parse_json(_text(path), str(path))
     if isinstance(data, dict):  # {"data": [...]}: one key holding the list of rows
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -217,20 +293,48 @@ def _read_json(path: Path, rows: Rows, skip: bool) -> None:
         _add(rows, f"{path} row {i}", lambda value=value, i=i: _as_row(value, f"{path} row {i}"), skip)
 
 
-def _read_csv(path: Path, rows: Rows, skip: bool, delimiter: str) -> None:
-    reader = csv.DictReader(io.StringIO(_text(path), newline=""), delimiter=delimiter)
-    if not reader.fieldnames:
-        raise DataError(f"{path}: empty CSV (no header row)")
-    line = 1
-    for rec in reader:
-        where = f"{path}:{line + 1}"  # the header is line 1
-        line = reader.line_num
+# csv's default field limit is 128 KiB: a long response (a whole document) in one field
+# exceeded it with an internal error. The limit stays, well above any text a model takes,
+# so that a file with a stray quote is a located error rather than one field of everything.
+CSV_FIELD_LIMIT = 64 * 1024 * 1024
 
-        def make(rec=rec, where=where):
-            if None in rec or any(v is None for v in rec.values()):
-                raise DataError(f"{where}: {len(reader.fieldnames)} columns expected ({', '.join(reader.fieldnames)})")
-            return dict(rec)
-        _add(rows, where, make, skip)
+
+@contextlib.contextmanager
+def _csv_field_limit(limit: int):
+    old = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
+def _read_csv(path: Path, rows: Rows, skip: bool, delimiter: str) -> None:
+    # strict: a quote left open at the end of the file is an error (lenient csv took the
+    # torn row, the rest of the file in its last field, as whole)
+    reader = csv.DictReader(io.StringIO(_text(path), newline=""), delimiter=delimiter, strict=True)
+    with _csv_field_limit(CSV_FIELD_LIMIT):
+        line = 1
+        try:
+            if not reader.fieldnames:
+                raise DataError(f"{path}: empty CSV (no header row)")
+            for rec in reader:
+                where = f"{path}:{line + 1}"  # the header is line 1
+                line = reader.line_num
+
+                def make(rec=rec, where=where):
+                    if None in rec or any(v is None for v in rec.values()):
+                        raise DataError(f"{where}: {len(reader.fieldnames)} columns expected ({', '.join(reader.fieldnames)})")
+                    return dict(rec)
+                _add(rows, where, make, skip)
+        except csv.Error as e:
+            # a malformed record ends the reader: nothing after it can be located, so even
+            # under skip_bad_rows this is an error, not a skip
+            why = str(e)
+            if "field larger than field limit" in why:
+                why = f"a field is over the {CSV_FIELD_LIMIT // (1024 * 1024)} MiB limit (an unclosed quote?)"
+            elif "unexpected end of data" in why:
+                why = "the file ends inside a quoted field (a torn last row, or an unclosed quote)"
+            raise DataError(f"{path}:{line + 1}: malformed CSV row ({why})") from None
 
 
 def _read_table(path: Path, rows: Rows, kind: str) -> None:
@@ -267,9 +371,9 @@ def _read_file(path: Path, rows: Rows, skip: bool) -> None:
             raise DataError(f"{path}: compressed {suffix} is not supported; decompress it")
         _read_table(path, rows, suffix[1:])
     elif suffix == ".txt":
-        for i, line in enumerate(_text(path).splitlines(), 1):
+        for i, line in iter_jsonl_lines(_text(path)):  # a U+2028 inside a prompt is no line break
             if line.strip():
-                rows.items.append((f"{path}:{i}", {"text": line.rstrip("\n")}))
+                rows.items.append((f"{path}:{i}", {"text": line}))
     else:
         raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; "
                         f"use {', '.join(FILE_SUFFIXES)} (optionally .gz) or a datasets save_to_disk folder")
@@ -406,14 +510,8 @@ def read_rows(source: str | Path, *, split: str | None = None, skip_bad_rows: bo
 
 
 def check_output(output: str | Path | None, inputs: list[str | Path | None], *, flag: str = "-o") -> None:
-    """Refuse an output path that is a folder or that is (or resolves to) one of the inputs:
-    writing there would destroy the input before it is read."""
-    if output is None:
-        return
-    out = Path(output)
-    if out.is_dir():
-        raise DataError(f"{flag} {output}: is a folder; give a file path")
-    target = out.resolve()
-    for src in inputs:
-        if src is not None and Path(src).exists() and Path(src).resolve() == target:
-            raise DataError(f"{flag} {output}: is the input file {src}; choose another output (inputs are never overwritten)")
+    """Refuse an output path that is a folder, that is (or links to) one of the inputs, or that
+    lies inside a live run's folder: :func:`pofe.outputs.guard_outputs` with one output."""
+    from pofe.outputs import guard_outputs
+
+    guard_outputs({flag: output}, inputs)

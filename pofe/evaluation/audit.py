@@ -629,6 +629,7 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
     """Load the calibration set, build the judge (unless given), run, and write ``cfg.output``."""
     if not cfg.calibration:
         raise ValueError("audit: give at least one calibration file or folder")
+    guard_audit_outputs(cfg)
     items = load_calibration(cfg.calibration, limit=cfg.limit, seed=cfg.seed)
     if judge is None:
         from pofe.judges.registry import build_judge
@@ -640,6 +641,21 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
     report = run_audit(judge, items, cfg, identity=identity)
     write_audit(report, cfg.output, cfg.html)
     return report
+
+
+def audit_outputs(cfg: AuditConfig) -> dict[str, str | Path | None]:
+    """The files ``pofe audit`` writes, by the flag that names them (the page defaults to
+    ``output`` with the suffix .html)."""
+    page = cfg.html or (Path(cfg.output).with_suffix(".html") if cfg.output else None)
+    return {"-o": cfg.output, "html" if cfg.html else "html (default: -o with .html)": page}
+
+
+def guard_audit_outputs(cfg: AuditConfig) -> None:
+    """Refuse outputs that would destroy a calibration file, a judge file or a live run's
+    files, before the (slow) audit runs."""
+    from pofe.outputs import guard_outputs, judge_inputs
+
+    guard_outputs(audit_outputs(cfg), [*cfg.calibration, *judge_inputs(cfg.judge)])
 
 
 def write_audit(report: dict[str, Any], output: str | Path | None, html: str | Path | None = None) -> dict[str, str]:

@@ -314,12 +314,27 @@ def _build_judge(cfg: EvalConfig, judge):
     return build_judge(cfg.judge)
 
 
+def guard_eval_output(cfg: EvalConfig, specs: list[str]) -> None:
+    """``-o`` must never land on what eval reads: the prompt file, a responses file, a policy's
+    saved model (a run folder stands for the model folder it resolves to, so ``-o`` may sit
+    beside it in the run folder), the judge's files; nor inside a live run's folder."""
+    from pofe.outputs import guard_outputs, judge_inputs
+
+    reads: list[str] = []
+    for s in specs:
+        if not is_responses_file(s) and Path(s).is_dir():
+            try:
+                s = resolve_policy_model(s)
+            except ValueError:  # no model in it: refused later with its own message
+                pass
+        reads.append(s)
+    guard_outputs({"-o": cfg.output}, [cfg.prompts, *reads, *judge_inputs(cfg.judge)])
+
+
 def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
     """Generate where needed, judge both orders, and summarise (the ``--json`` object)."""
-    from pofe.data.io import check_output
-
     specs = policy_specs(cfg)
-    check_output(cfg.output, [cfg.prompts, *specs])  # -o must never name (and so destroy) an input
+    guard_eval_output(cfg, specs)
     questions = load_turns(cfg.prompts) if cfg.prompts else None
     if questions is not None:
         return _run_two_turn(cfg, specs, questions, judge, generator)
