@@ -24,6 +24,7 @@ import errno
 import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 import sys
@@ -458,7 +459,8 @@ def check_output(cfg: AnnotateConfig) -> None:
     """Refuse an output that is the pairs file or an existing file that is not an annotate
     log: opening it would append to (and repair the tail of) someone else's data."""
     out = Path(cfg.output)
-    if out.exists() and Path(cfg.pairs).exists() and out.resolve() == Path(cfg.pairs).resolve():
+    # samefile: the same file under another name too (a symlink or a hard link)
+    if out.exists() and Path(cfg.pairs).exists() and os.path.samefile(out, cfg.pairs):
         raise ValueError(f"output {cfg.output} is the pairs file itself: write the labels to a new file")
     if out.is_dir():
         raise ValueError(f"output {cfg.output} is a folder: give a .jsonl file name")

@@ -36,6 +36,15 @@ def register(app: typer.Typer) -> None:
         from pofe.annotate.server import make_server
         from pofe.data.prompts import DataError
 
+        import signal
+        import sys
+
+        def _stop(*_):
+            raise KeyboardInterrupt
+
+        # Before the URL is printed: a SIGTERM sent as soon as the URL appears must stop the
+        # server through the same path as Ctrl-C (lock released, summary printed).
+        signal.signal(signal.SIGTERM, _stop)
         try:
             server = make_server(cfg)
         except (DataError, ValueError) as e:
@@ -46,26 +55,18 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot serve on {cfg.host}:{cfg.port} ({e.strerror or e})")
         s = server.session
         c = s.counts()
-        skipped = ", ".join(f"{v} {k}" for k, v in s.skipped_rows.items())
-        typer.echo(f"pofe annotate: {server.url}", nl=True)
-        if s.log.torn_bytes_dropped:
-            typer.echo(f"  cut a torn last line ({s.log.torn_bytes_dropped} bytes, a write that was cut short and "
-                       f"never acknowledged) off {cfg.output}")
-        sub = f" (a seeded subset of {s.n_in_file})" if c["total"] < s.n_in_file else ""
-        typer.echo(f"  {c['total']} pairs{sub} from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
-                   + f"; annotator {cfg.annotator}: {c['labelled']} labelled, {c['skipped']} skipped so far"
-                   + (f" ({s.foreign} more on pairs of other files)" if s.foreign else ""))
-        typer.echo(f"  writing {cfg.output}; press Ctrl-C to stop (every label is already saved)")
-        import signal
-        import sys
-
-        sys.stdout.flush()
-
-        def _stop(*_):
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, _stop)
         try:
+            skipped = ", ".join(f"{v} {k}" for k, v in s.skipped_rows.items())
+            typer.echo(f"pofe annotate: {server.url}", nl=True)
+            if s.log.torn_bytes_dropped:
+                typer.echo(f"  cut a torn last line ({s.log.torn_bytes_dropped} bytes, a write that was cut short and "
+                           f"never acknowledged) off {cfg.output}")
+            sub = f" (a seeded subset of {s.n_in_file})" if c["total"] < s.n_in_file else ""
+            typer.echo(f"  {c['total']} pairs{sub} from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
+                       + f"; annotator {cfg.annotator}: {c['labelled']} labelled, {c['skipped']} skipped so far"
+                       + (f" ({s.foreign} more on pairs of other files)" if s.foreign else ""))
+            typer.echo(f"  writing {cfg.output}; press Ctrl-C to stop (every label is already saved)")
+            sys.stdout.flush()
             server.serve_forever(poll_interval=0.2)
         except KeyboardInterrupt:
             pass

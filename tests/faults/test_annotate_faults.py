@@ -376,3 +376,47 @@ def test_a_client_that_never_sends_its_body_gets_408(server, monkeypatch):
     status, reply = _raw(port, head + b'{"pair_id"')
     assert status == 408 and "body" in reply["error"]
     assert Path(server.session.log.path).read_bytes() == before
+
+
+def test_a_real_short_write_under_a_file_size_limit_is_a_507_and_cut_back(tmp_path):
+    """The kernel's own short write: under RLIMIT_FSIZE a write that crosses the limit writes
+    the bytes that fit and the next one fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+
+    _pairs(tmp_path / "pairs.jsonl")
+    log_path = tmp_path / "cal.jsonl"
+    _stop(_start_cli(tmp_path)[0])  # a first session: one open event
+    size = log_path.stat().st_size
+    limit = 2 * size + 40  # room for a second open event and 40 more bytes: a label line does not fit
+    proc = subprocess.Popen([sys.executable, "-m", "pofe", "annotate", str(tmp_path / "pairs.jsonl"), "-a", "ann",
+                             "-o", str(log_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(PYTHONDONTWRITEBYTECODE="1"),
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("pofe annotate: http://127.0.0.1:"), first + proc.stderr.read()
+        port = int(first.rsplit(":", 1)[1].strip(" /\n"))
+        before = log_path.read_bytes()
+        assert len(before) < limit
+        pid = _get_state(port)[1]["pair"]["id"]
+        label = json.dumps({"pair_id": pid, "choice": "right"}).encode()
+        for _ in range(2):  # the short write, then EFBIG at the limit
+            status, body = _post(port, label)
+            assert status == 507 and "could not save the label" in body["error"], body
+            assert log_path.read_bytes() == before
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        status, body = _post(port, label)
+        assert status == 200 and body["labelled"] == 1
+    finally:
+        err = _stop(proc)
+    assert "Traceback" not in err
+    assert [e["event"] for e in _events(log_path)] == ["open", "open", "label"]
+
+
+def test_output_hard_linked_to_the_pairs_file_is_refused(tmp_path):
+    pairs = _pairs(tmp_path / "pairs.jsonl")
+    before = pairs.read_bytes()
+    os.link(pairs, tmp_path / "cal.jsonl")
+    with pytest.raises(ValueError, match=r"cal\.jsonl is the pairs file itself"):
+        make_server(_cfg(tmp_path))
+    assert pairs.read_bytes() == before
