@@ -47,6 +47,48 @@ class EndpointError(JudgeError, RuntimeError):
     unreadably (after bounded retries). Environment problem: exit 1."""
 
 
+def base_url_problem(url: Any) -> str | None:
+    """What is wrong with an endpoint ``base_url`` (None: nothing). An http(s) URL with a
+    host; credentials (userinfo, a query string) are refused without repeating the URL, which
+    would put the key into the very error that refuses it."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.strip():
+        return "must be an http:// or https:// URL such as http://127.0.0.1:8000/v1, got an empty value"
+    if any(c.isspace() for c in url):
+        return "must not contain spaces"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port outside 0..65535 or not a number
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        if not parts.scheme or "//" not in url:
+            return "has no scheme; write it as http://HOST:PORT/v1"
+        return f"scheme must be http or https, got {parts.scheme!r}"
+    if "@" in parts.netloc:
+        return ("must not hold credentials (user:key@host): put the key in an environment variable and "
+                "name it in judge.endpoint.api_key_env")
+    if parts.query or parts.fragment:
+        return ("must not have a query string or fragment (a key there would be stored in config.yaml and every "
+                "verdict): put the key in an environment variable and name it in judge.endpoint.api_key_env")
+    if not parts.hostname:
+        return "has no host; write it as http://HOST:PORT/v1"
+    if port == 0:
+        return "port must be between 1 and 65535"
+    return None
+
+
+_LOGPROB_TOLERANCE = 1e-4
+"""A log-probability can come out a little above 0 from float rounding of log(1) (float32
+log-softmax); beyond this it is a probability above 1, not a rounding."""
+
+
+def invalid_logprob(v: float) -> bool:
+    """NaN, +inf or a log-probability above 0 (beyond float tolerance): a broken number, never a read."""
+    return v != v or v > _LOGPROB_TOLERANCE
+
+
 # ======================================================================================
 # Capabilities
 # ======================================================================================

@@ -10,11 +10,12 @@ This module imports no torch and no HTTP client (the CLI validates configs with 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, TypeAdapter, field_validator
 
-from pofe.config import PofeConfig
+from pofe.config import ConfigError, PofeConfig
 from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
 
@@ -81,6 +82,28 @@ class EndpointConfig(PofeConfig):
     labels. False: the configured name only (then never share a cache across model swaps)."""
     extra_body: dict[str, Any] = {}
     """Extra JSON fields merged into every request body."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, v: str) -> str:
+        from pofe.judges.base import base_url_problem
+
+        problem = base_url_problem(v)
+        if problem and ("credentials" in problem or "query string" in problem):
+            # Not a ValueError: pydantic's message would quote the value, and with it the key.
+            raise ConfigError(f"bad value for 'judge.endpoint.base_url': {problem}")
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            # Most likely the key itself was pasted here: refuse it without repeating it.
+            raise ConfigError("bad value for 'judge.endpoint.api_key_env': must be the NAME of an environment variable "
+                              "holding the key (letters, digits, '_'), never the key itself")
+        return v
 
 
 class LlamaCppConfig(PofeConfig):

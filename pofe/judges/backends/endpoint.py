@@ -7,6 +7,14 @@ answer that is not JSON or has no choices is retried (bounded) and then counted 
 unreadable with its reason. The serving model's identity as the server reports it
 (``GET /v1/models``) is part of the cache fingerprint, so a model swapped behind the same
 URL never serves old labels.
+
+Every request has a total deadline of ``timeout_s`` per attempt (connect, headers and body
+together): httpx's timeout bounds each socket read, so a server sending one byte every
+0.3 s would otherwise hold a request forever. A reply is also capped in size (after
+decompression) and a body that cannot be decoded (bad gzip) is a failed attempt, retried
+and then counted, never a traceback. Replies and error texts are redacted
+(:mod:`pofe.secrets`) as they are read: a server echoing the ``Authorization`` header
+cannot put the API key into an error line, a log line, ``verdicts.jsonl`` or the cache.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from pofe.judges.base import BackendStats, ChoiceRead, EndpointError, GenOut, JudgeConfigError, choice_variants
+from pofe.judges.base import (BackendStats, ChoiceRead, EndpointError, GenOut, JudgeConfigError, base_url_problem,
+                               choice_variants, invalid_logprob)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
+from pofe.secrets import redact, register
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,79 @@ class RateLimiter:
 
 _RETRY_STATUS = {408, 409, 425, 429}
 
+MAX_REPLY_BYTES = 64 << 20
+"""Largest reply body read (after decompression): a judge reply is a few KiB; a gzip bomb or a
+server streaming forever must not exhaust memory."""
+
+_deadline = threading.local()
+"""The deadline (``time.monotonic()``) of the request the current thread is making, or None."""
+
+
+def _clip(timeout: float | None, exc) -> float | None:
+    """``timeout`` of one socket operation, shortened to what is left of the request's deadline."""
+    d = getattr(_deadline, "at", None)
+    if d is None:
+        return timeout
+    left = d - time.monotonic()
+    if left <= 0:
+        raise exc("request deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _deadline_network_backend(inner):
+    """A httpcore network backend whose every connect, read and write gives up at the calling
+    thread's request deadline (the per-read timeout alone lets a trickling server hang it)."""
+    import httpcore
+
+    class Stream(httpcore.NetworkStream):
+        def __init__(self, s):
+            self._s = s
+
+        def read(self, max_bytes, timeout=None):
+            return self._s.read(max_bytes, _clip(timeout, httpcore.ReadTimeout))
+
+        def write(self, buffer, timeout=None):
+            return self._s.write(buffer, _clip(timeout, httpcore.WriteTimeout))
+
+        def close(self):
+            return self._s.close()
+
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+            return Stream(self._s.start_tls(ssl_context, server_hostname, _clip(timeout, httpcore.ConnectTimeout)))
+
+        def get_extra_info(self, info):
+            return self._s.get_extra_info(info)
+
+    class Backend(httpcore.NetworkBackend):
+        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            return Stream(inner.connect_tcp(host, port, _clip(timeout, httpcore.ConnectTimeout), local_address,
+                                            socket_options))
+
+        def connect_unix_socket(self, path, timeout=None, socket_options=None):
+            return Stream(inner.connect_unix_socket(path, _clip(timeout, httpcore.ConnectTimeout), socket_options))
+
+        def sleep(self, seconds):
+            return inner.sleep(seconds)
+
+    return Backend()
+
+
+def _with_deadlines(client) -> bool:
+    """Install the deadline-aware network backend in ``client``'s connection pool. httpx has
+    no public hook for it; when its internals differ the body loop still checks the deadline
+    between chunks (then a stall costs at most one more ``timeout_s``)."""
+    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    inner = getattr(pool, "_network_backend", None)
+    if inner is None:
+        log.debug("httpx internals changed: request deadlines are checked between body chunks only")
+        return False
+    pool._network_backend = _deadline_network_backend(inner)
+    return True
+
+
+class _ReplyError(Exception):
+    """A reply that arrived but cannot be used (undecodable, too large): a failed attempt."""
+
 
 class EndpointBackend:
     """Completions or chat-completions with ``logprobs``/``top_logprobs``.
@@ -78,8 +161,13 @@ class EndpointBackend:
 
         if api not in ("completions", "chat"):
             raise JudgeConfigError(f"endpoint api must be 'completions' or 'chat', got {api!r}")
+        problem = base_url_problem(base_url)
+        if problem:
+            raise JudgeConfigError(f"judge endpoint base_url: {problem}")
         if api_key_env and not os.environ.get(api_key_env):
             raise JudgeConfigError(f"judge endpoint: environment variable {api_key_env} (named by api_key_env) is not set")
+        if api_key_env:
+            register(os.environ.get(api_key_env))  # masked wherever a server or a library echoes it
         self.base_url = base_url.rstrip("/")
         self.model_id, self.api, self.api_key_env = model, api, api_key_env
         self.concurrency = max(1, int(concurrency))
@@ -92,6 +180,7 @@ class EndpointBackend:
         self._fingerprint = fingerprint
         self._rate = RateLimiter(rate_limit)
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
+        _with_deadlines(self._client)
         self.stats = BackendStats()
         self.cacheable = True
         self.identify = identify
@@ -127,7 +216,7 @@ class EndpointBackend:
         server does not answer it readably."""
         text = self._request("GET", "/models", None, what="model list")
         try:
-            data = json.loads(text)
+            data = _loads(text)
             entries = [e for e in data["data"] if isinstance(e, dict)] if isinstance(data, dict) else []
         except (ValueError, KeyError, TypeError):
             entries = []
@@ -200,6 +289,7 @@ class EndpointBackend:
             key = os.environ.get(self.api_key_env)
             if not key:
                 raise EndpointError(f"environment variable {self.api_key_env} (judge API key) is not set")
+            register(key)
             h["Authorization"] = f"Bearer {key}"
         return h
 
@@ -220,26 +310,56 @@ class EndpointBackend:
             t0 = time.perf_counter()
             retry_after = None
             try:
-                r = self._client.request(method, url, json=body, headers=self._headers())
-            except httpx.TransportError as e:  # refused, reset, DNS, timeouts
-                last = f"{type(e).__name__}: {e}"
+                status, headers, text = self._send(method, url, body)
+            except httpx.TransportError as e:  # refused, reset, DNS, timeouts, the deadline
+                last = redact(f"{type(e).__name__}: {e}")
+            except _ReplyError as e:
+                last = redact(str(e))
             else:
                 if method == "POST":  # model calls; the identity GET is not one
                     self.stats.add(calls=1, seconds=time.perf_counter() - t0)
-                if r.status_code == 200:
+                if status == 200:
                     self._down = False
-                    return r.text
-                last = f"HTTP {r.status_code}: {r.text[:200]!r}"
-                if r.status_code not in _RETRY_STATUS and r.status_code < 500:
-                    if method == "GET" and r.status_code in (404, 405, 501):
+                    return text
+                last = f"HTTP {status}: {text[:200]!r}"
+                if status not in _RETRY_STATUS and status < 500:
+                    if method == "GET" and status in (404, 405, 501):
                         return ""  # no model list on this server: caller treats as unidentified
                     raise EndpointError(f"judge endpoint {url} rejected the {what} ({last})")
-                retry_after = parse_retry_after(r.headers.get("retry-after"))
+                retry_after = parse_retry_after(headers.get("retry-after"))
             if attempt < retries:
                 time.sleep(self._delay(attempt, retry_after))
                 log.warning("judge endpoint %s: %s; retry %d/%d", url, last, attempt + 1, retries)
         self._down = True
         raise EndpointError(f"judge endpoint {url} failed after {retries + 1} attempts ({last})")
+
+    def _send(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any, str]:
+        """(status, headers, redacted body text) of one attempt, within ``timeout_s`` in all."""
+        import httpx
+
+        deadline = time.monotonic() + self.timeout_s
+        _deadline.at = deadline
+        try:
+            with self._client.stream(method, url, json=body, headers=self._headers()) as r:
+                chunks, size = [], 0
+                try:
+                    for chunk in r.iter_bytes():
+                        size += len(chunk)
+                        if size > MAX_REPLY_BYTES:
+                            raise _ReplyError(f"reply larger than {MAX_REPLY_BYTES >> 20} MiB")
+                        chunks.append(chunk)
+                        if time.monotonic() > deadline:  # also without the network-level deadline
+                            raise httpx.ReadTimeout(f"request deadline of {self.timeout_s:g} s passed")
+                except httpx.DecodingError as e:  # Content-Encoding: gzip with a body that is not
+                    raise _ReplyError(f"undecodable reply ({e})") from None
+                raw = b"".join(chunks)
+                try:
+                    text = raw.decode(r.encoding or "utf-8", errors="replace")
+                except LookupError:  # a charset Python does not know
+                    text = raw.decode("utf-8", errors="replace")
+                return r.status_code, r.headers, redact(text)
+        finally:
+            _deadline.at = None
 
     def _delay(self, attempt: int, retry_after: float | None = None) -> float:
         # Full jitter: uniform(0, min(cap, base * 2^attempt)) spreads retries of concurrent
@@ -331,6 +451,15 @@ class EndpointBackend:
         self._client.close()
 
 
+def _loads(text: str) -> Any:
+    """``json.loads``; a reply nested too deeply for the parser is malformed (ValueError), not
+    a RecursionError escaping to the top."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def parse_retry_after(v: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header: a number of seconds or an HTTP date
     (RFC 9110 10.2.3). Negative, NaN or unreadable values are ignored (None); the caller caps
@@ -408,8 +537,8 @@ def parse_choice_response(text: str, choices: Sequence[str]) -> ChoiceRead:
     """Choice log-probs from an endpoint answer; falls back to a hard label from the
     generated text when there are no log-probs; unreadable -> ``logprobs=None``."""
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
+        data = _loads(text)
+    except ValueError:
         return ChoiceRead(None, raw=text[:300], error="malformed JSON")
     choice = _first_choice(data)
     if choice is None:
@@ -426,13 +555,16 @@ def parse_choice_response(text: str, choices: Sequence[str]) -> ChoiceRead:
     seen: dict[Any, tuple[str, float]] = {}
     for t, v, i in cands:  # the sampled token also appears in top_logprobs: count it once
         seen[(i if i is not None else t)] = (t, v)
-    variants = {v for c in choices for v in choice_variants(c)}
-    if any(t in variants and (math.isnan(v) or v == math.inf) for t, v in seen.values()):
-        return ChoiceRead(None, raw=gen, tokens=tokens, error="non-finite logprob")
+    # A log-probability above 0 (a probability above 1) or NaN anywhere in the reply is a
+    # broken server, not a reading: the whole read is unparseable, never used.
+    bad = [v for _, v in seen.values() if invalid_logprob(v)]
+    if bad:
+        why = "non-finite logprob" if not math.isfinite(bad[0]) else f"positive logprob {bad[0]!r} (a probability above 1)"
+        return ChoiceRead(None, raw=gen, tokens=tokens, error=why)
     d = {}
     for c in choices:
         vs = set(choice_variants(c))
-        d[c] = logsumexp(v for t, v in seen.values() if t in vs)
+        d[c] = logsumexp(min(v, 0.0) for t, v in seen.values() if t in vs)
     if all(v == -math.inf for v in d.values()):
         return ChoiceRead(None, raw=gen, tokens=tokens, error="no choice token among the returned top_logprobs")
     return ChoiceRead(d, raw=gen, tokens=tokens, truncated=any(v == -math.inf for v in d.values()))
@@ -459,8 +591,8 @@ def _total_tokens(data: Any) -> int:
 
 def parse_generation_response(text: str) -> GenOut:
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
+        data = _loads(text)
+    except ValueError:
         return GenOut(None, error="malformed JSON")
     choice = _first_choice(data)
     gen = _text_of(choice) if choice else None
