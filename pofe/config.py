@@ -10,11 +10,14 @@ the file; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 T = TypeVar("T", bound="PofeConfig")
 
@@ -23,13 +26,178 @@ class ConfigError(Exception):
     """A bad config: unknown key, wrong type, missing file. ``str(e)`` is one line."""
 
 
+class YAMLInputError(ConfigError, yaml.YAMLError):
+    """A YAML text that cannot be loaded (malformed, a duplicated key, a ``!!python`` tag, an
+    alias bomb); ``str(e)`` is one line naming the file and line. Also a ``yaml.YAMLError``, so
+    code that already catches YAML errors keeps doing so. ``refused`` is True when the text
+    parsed but is refused (not a mere syntax error)."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
+# Bounds for every YAML text pofe loads (configs, judge templates, constitutions): aliases make
+# a few hundred bytes expand to billions of nodes once walked (a "billion laughs" document),
+# which exhausts memory long before any key is validated. Real configs use no aliases at all.
+YAML_MAX_BYTES = 8 * 1024 * 1024
+YAML_MAX_ALIASES = 100
+YAML_MAX_NODES = 100_000
+
+
+class _BoundedSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicated mapping keys (YAML says keys are unique;
+    PyYAML silently keeps the last one) and documents that alias-expand beyond the bounds."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > YAML_MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.MarkedYAMLError(problem=f"more than {YAML_MAX_ALIASES} aliases (refused: an alias bomb?)",
+                                           problem_mark=mark)
+        return super().compose_node(parent, index)
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # "<<: *base" then explicit keys: overriding merged keys is the point
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if first is not None:
+                    raise yaml.MarkedYAMLError(problem=f"duplicated key {key!r} (first at line {first})",
+                                               problem_mark=key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph that expands (aliases followed) to more than YAML_MAX_NODES nodes,
+    or that refers to itself; counted once per distinct node, so the cost is the document's."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise yaml.MarkedYAMLError(problem="a recursive alias (a node that contains itself)",
+                                       problem_mark=node.start_mark)
+        active.add(key)
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(size(x) for x in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(size(k) + size(v) for k, v in node.value)
+        active.discard(key)
+        if n > YAML_MAX_NODES:
+            raise yaml.MarkedYAMLError(problem=f"expands to more than {YAML_MAX_NODES} nodes through aliases "
+                                               "(refused: an alias bomb?)", problem_mark=node.start_mark)
+        sizes[key] = n
+        return n
+
+    size(root)
+
+
+def safe_yaml_load(text: str | bytes, where: str) -> Any:
+    """Load one YAML document like ``yaml.safe_load``, bounded (size, aliases, expansion) and
+    strict (a duplicated key is an error). Every YAML text pofe reads goes through here.
+
+    Raises:
+        YAMLInputError: one line ``<where>[:line]: invalid YAML (<problem>)``.
+    """
+    if len(text) > YAML_MAX_BYTES:
+        raise YAMLInputError(f"{where}: YAML text of {len(text)} bytes is over the {YAML_MAX_BYTES}-byte limit",
+                             refused=True)
+    loader = _BoundedSafeLoader(text)
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise YAMLInputError(f"{where}: invalid YAML (nested too deeply)", refused=True) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        refused = not isinstance(e, (yaml.scanner.ScannerError, yaml.parser.ParserError))
+        raise YAMLInputError(f"{where}{line}: invalid YAML ({' '.join(str(problem).split())})", refused=refused) from None
+    finally:
+        loader.dispose()
+
+
+_NUMBER_TYPES = (int, float)
+
+
+def _members(ann: Any) -> list[Any]:
+    """The types a field annotation admits at its top level (Annotated, Optional and unions
+    unwrapped)."""
+    origin = typing.get_origin(ann)
+    if origin is Annotated:
+        return _members(typing.get_args(ann)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return [m for a in typing.get_args(ann) for m in _members(a)]
+    return [ann]
+
+
+def _bool_for_number(ann: Any, value: Any) -> bool:
+    """True when ``value`` is (or holds, in a list / tuple / dict field) a bool where the field
+    takes a number and not a bool."""
+    members = _members(ann)
+    if any(m is Any or m is bool for m in members):
+        return False
+    if isinstance(value, bool):
+        return any(m in _NUMBER_TYPES for m in members)
+    if isinstance(value, (list, tuple, dict)):
+        for m in members:
+            origin, args = typing.get_origin(m), typing.get_args(m)
+            if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+                elems = [a for a in args if a is not Ellipsis]
+                if any(_bool_for_number(typing.Union[tuple(elems)] if len(elems) > 1 else elems[0], v)
+                       for v in value):
+                    return True
+            if origin is dict and isinstance(value, dict) and len(args) == 2:
+                if any(_bool_for_number(args[1], v) for v in value.values()):
+                    return True
+    return False
+
+
 class PofeConfig(BaseModel):
     """Base for every config section: unknown keys are errors, assignments re-validated, and
     NaN / inf floats are refused everywhere (``allow_inf_nan=False``): a NaN temperature once
-    passed a ``<= 0`` guard, because every comparison with NaN is False."""
+    passed a ``<= 0`` guard, because every comparison with NaN is False. A YAML ``true`` for a
+    number is refused too: pydantic's lax mode reads it as 1 (``train.steps: true`` ran one
+    step)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
                               allow_inf_nan=False, use_attribute_docstrings=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, data: Any) -> Any:
+        # A model-level check, not a ``field_validator("*")``: pydantic allows no before-
+        # validator on the ``kind`` fields that tag the judge unions. _format_error names the key.
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if field is not None and _bool_for_number(field.annotation, value):
+                    raise PydanticCustomError("bool_for_number", "Input should be a number, not a boolean",
+                                              {"field": name, "value": value})
+        return data
 
 
 # Typed fields for ranges every command needs; ``Field`` constraints make pydantic's error name
@@ -51,11 +219,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    data = safe_yaml_load(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     return data
@@ -70,9 +237,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() != "" else ""
-    except yaml.YAMLError:
-        value = raw
+        value = safe_yaml_load(raw, f"--set {text}") if raw.strip() != "" else ""
+    except YAMLInputError as e:
+        if e.refused:  # a duplicated key, an alias bomb, a tag: never passed on as a string
+            raise
+        value = raw  # not YAML at all (``--set judge.prompt=a: b {``): the text itself
     return key.split("."), value
 
 
@@ -101,6 +270,8 @@ def _error_key(err: dict[str, Any], data: Any) -> str:
         node = node.get(x) if isinstance(node, dict) else None
     if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
         parts.append("kind")
+    if err["type"] == "bool_for_number":  # raised for the section: the key is in ctx
+        parts.append(str(err["ctx"]["field"]))
     return ".".join(parts) or "<root>"
 
 
@@ -115,6 +286,8 @@ def _format_error(e: ValidationError, source: str, data: Any = None) -> str:
         msg = f"unknown key '{key}'"
     elif err["type"] == "missing":
         msg = f"missing required key '{key}'"
+    elif err["type"] == "bool_for_number":
+        msg = f"bad value for '{key}': {err['msg']} (got {err['ctx']['value']!r})"
     else:
         msg = f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})"
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""

@@ -7,6 +7,7 @@ ledgers and datasets without a schema library in the hot path.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,8 +128,9 @@ class PreferencePair:
     conversation; ``prompt`` is then its transcript (see :class:`Prompt`)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= float(self.p) <= 1.0:
-            raise ValueError(f"PreferencePair.p must be in [0, 1], got {self.p}")
+        # a bool is no probability, though float(True) is 1.0
+        if isinstance(self.p, bool) or not isinstance(self.p, numbers.Real) or not 0.0 <= float(self.p) <= 1.0:
+            raise ValueError(f"PreferencePair.p must be a number in [0, 1], got {self.p!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = _asdict(self)
@@ -141,7 +143,7 @@ class PreferencePair:
             prompt=d["prompt"],
             chosen=d["chosen"],
             rejected=d["rejected"],
-            p=float(d.get("p", 1.0)),
+            p=d.get("p", 1.0),
             provenance=dict(d.get("provenance") or {}),
             messages=tuple(d["messages"]) if d.get("messages") else None,
         )

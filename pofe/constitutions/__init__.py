@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pofe.config import safe_yaml_load
 
 DEFAULT_CONSTITUTION = "default"
 
@@ -77,13 +77,16 @@ def load_constitution(name_or_path: str = DEFAULT_CONSTITUTION) -> Constitution:
     """Load a shipped constitution by name or a YAML file by path."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
-        text, source = p.read_text(encoding="utf-8"), str(p)
+        try:
+            text, source = p.read_text(encoding="utf-8"), str(p)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
     else:
         f = resources.files("pofe") / "constitutions" / f"{name_or_path}.yaml"
         if not f.is_file():
             raise ValueError(f"unknown constitution {name_or_path!r}: not a file, and not one of {available_constitutions()}")
         text, source = f.read_text(encoding="utf-8"), f"pofe/constitutions/{name_or_path}.yaml"
-    data: Any = yaml.safe_load(text) or {}
+    data: Any = safe_yaml_load(text, source) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a constitution is a mapping with 'version' and 'principles'")
     unknown = set(data) - {"name", "version", "principles", "description"}

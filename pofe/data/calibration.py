@@ -31,7 +31,6 @@ A directory (not a ``save_to_disk`` one) is searched for ``.jsonl``, ``.jsonl.gz
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,8 +38,8 @@ from typing import Any, Iterable, Literal
 
 import numpy as np
 
-from pofe.data.io import DataError, read_located
-from pofe.data.preferences import to_pair
+from pofe.data.io import DataError, json_line, read_located
+from pofe.data.preferences import check_one_shape, to_pair
 from pofe.data.prompts import to_prompt
 
 log = logging.getLogger(__name__)
@@ -110,6 +109,7 @@ def split_hh_transcript(transcript: str) -> tuple[str, str]:
 def _item(row: dict[str, Any], where: str, fmt: str, source: str, idx: int,
           rng: np.random.Generator) -> CalibrationItem | str:
     """One row as an item, or a skip reason."""
+    check_one_shape(row, where)
     if fmt == "pofe":
         for k in ("response_a", "response_b"):
             if not isinstance(row.get(k), str):
@@ -197,8 +197,8 @@ def write_calibration(items: Iterable[CalibrationItem], path: str | Path) -> Non
     """Write items in pofe's JSONL form (e.g. to freeze a converted subset)."""
     with open(path, "w", encoding="utf-8") as f:
         for it in items:
-            f.write(json.dumps({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
-                                "label": it.label, "id": it.id}, ensure_ascii=False) + "\n")
+            f.write(json_line({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
+                               "label": it.label, "id": it.id}) + "\n")
 
 
 # --------------------------------------------------------------------------- pofe annotate

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.data.io import DataError, read_located
+from pofe.data.io import DataError, number, read_located
 from pofe.data.preferences import to_pair
 
 
@@ -54,12 +54,13 @@ def _ranked_from_row(row: Any, where: str) -> RankedPrompt | str:
         ranks = row.get("ranks", list(range(len(resp))))
         if not isinstance(ranks, list) or len(ranks) != len(resp):
             raise DataError(f"{where}: 'ranks' must be a list as long as 'responses' ({len(resp)})")
+        ranks = [number(r, where, "ranks") for r in ranks]  # true / null / 1e400: an error, not a rank
         if len(resp) < 2:
             return "fewer-than-2-responses"
         if len(set(ranks)) < 2:
             return "all-ranks-tied"
         rid = row.get("id")
-        return RankedPrompt(row["prompt"], tuple(resp), tuple(float(r) for r in ranks), str(rid) if rid is not None else where)
+        return RankedPrompt(row["prompt"], tuple(resp), tuple(ranks), str(rid) if rid is not None else where)
     pair = to_pair(row, where)
     if isinstance(pair, str):
         return pair
@@ -207,12 +208,13 @@ def write_eft_files(data_dir: Path, build: Sequence[RankedPrompt], held_out: Seq
     -> ``eft_train.jsonl`` and ``eft_stats.json``; the held-out split -> ``rm_eval.jsonl``."""
     import json
 
+    from pofe.data.io import json_lines
     from pofe.runs import atomic_write_text
 
     rows, stats = build_eft(build, judge, rubric_renderer(judge), rebalance_ratio=rebalance_ratio, seed=seed)
 
     def jsonl(rs) -> str:
-        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rs)
+        return json_lines(rs)
     atomic_write_text(Path(data_dir) / "rm_eval.jsonl", jsonl(g.to_dict() for g in held_out))
     atomic_write_text(Path(data_dir) / "eft_stats.json", json.dumps(stats, indent=2, default=str))
     atomic_write_text(Path(data_dir) / "eft_train.jsonl", jsonl(rows))

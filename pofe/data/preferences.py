@@ -24,13 +24,12 @@ Pairs whose two responses are identical carry no preference: skipped and counted
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pofe.data.chat import check_messages, hh_messages, is_hh_transcript, transcript
-from pofe.data.io import DataError, read_located
+from pofe.data.io import DataError, number, read_located
 from pofe.records import PreferencePair
 
 _PROVENANCE = ("judge_id", "template_hash", "template_id", "principle_id", "constitution_version", "step", "pair_id")
@@ -43,13 +42,22 @@ class PreferenceData:
 
 
 def _p(value: Any, where: str) -> float:
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        raise DataError(f"{where}: 'p' must be a number in [0, 1], got {value!r}") from None
-    if not math.isfinite(p) or not 0.0 <= p <= 1.0:
+    p = number(value, where, "p")  # true / null / 400 digits: an error, never 1.0
+    if not 0.0 <= p <= 1.0:
         raise DataError(f"{where}: 'p' must be in [0, 1], got {value!r}")
     return p
+
+
+# The pair shapes a row may take; a row holding two of them is ambiguous (which two texts
+# are compared?), so it is refused rather than read as whichever shape is checked first.
+_SHAPES = (("chosen", "rejected"), ("response_a", "response_b"), ("output_1", "output_2"))
+
+
+def check_one_shape(row: dict[str, Any], where: str) -> None:
+    shapes = [f"{a}/{b}" for a, b in _SHAPES if a in row and b in row]
+    if len(shapes) > 1:
+        raise DataError(f"{where}: the row has both {' and '.join(repr(x) for x in shapes)}: "
+                        "one pair of responses per row (drop the other fields)")
 
 
 def _human_p(label: Any, where: str) -> float:
@@ -87,7 +95,11 @@ def to_pair(row: dict[str, Any], where: str) -> PreferencePair | str:
         return "other-row-kind"
     prompt_msgs: tuple[dict[str, str], ...] | None = None
     prov: dict[str, Any] = {"source": where}
+    check_one_shape(row, where)
     if "response_a" in row and "response_b" in row:  # pofe ledger / labels / verdicts / calibration
+        if "p" in row and "label" in row:
+            raise DataError(f"{where}: the row has both 'p' (a judge's label) and 'label' (a human's): "
+                            "keep the one to train on")
         if "p" in row:
             if row["p"] is None:
                 return "unlabelled"
@@ -107,7 +119,8 @@ def to_pair(row: dict[str, Any], where: str) -> PreferencePair | str:
         for key in ("chosen", "rejected"):
             if key not in row:
                 raise DataError(f"{where}: missing field {key!r} (fields: {sorted(row)})")
-        p = _p(row["p"], where) if row.get("p") is not None else 1.0
+        # no 'p' means a hard label (TRL's format); 'p': null is a label that is missing
+        p = _p(row["p"], where) if "p" in row else 1.0
         prompt = row.get("prompt")
         if prompt is None and is_hh_transcript(row["chosen"]) and is_hh_transcript(row["rejected"]):
             cut_c, cut_r = row["chosen"].rfind("\n\nAssistant:"), row["rejected"].rfind("\n\nAssistant:")

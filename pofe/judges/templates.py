@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
+from pofe.config import safe_yaml_load
 
 # Chat-control strings of common templates; the backend adds its tokenizer's own.
 DEFAULT_SPECIAL_STRINGS = (
@@ -125,11 +125,14 @@ def load_template(name_or_path: str, *, kind: str | None = None) -> Template:
     """Load a shipped template by name or a user file by path; ``kind`` checks its use."""
     raw, source, ext = _read_source(name_or_path)
     digest = hashlib.sha256(raw).hexdigest()[:16]
-    text = raw.decode("utf-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text (byte {e.start})") from None
     if ext == ".txt":
         data: dict[str, Any] = {"prompt": text}
     else:
-        data = yaml.safe_load(text) or {}
+        data = safe_yaml_load(text, source) or {}
         if not isinstance(data, dict) or "prompt" not in data:
             raise ValueError(f"{source}: a template file needs a 'prompt' key")
     allowed = {"id", "version", "kind", "prompt", "choices", "answer_instruction", "answer_prefix", "cot_instruction",
