@@ -23,7 +23,9 @@ JsonOpt = typer.Option(False, "--json", help="Print a JSON summary on stdout at 
 
 def fail(message: str, code: int = 2) -> None:
     """One-line error on stderr, then exit (status 2 for bad input)."""
-    typer.echo(f"error: {message}", err=True)
+    from pofe.secrets import redact  # the message can quote a value that is a key
+
+    typer.echo(f"error: {redact(message)}", err=True)
     raise typer.Exit(code)
 
 

@@ -184,9 +184,11 @@ class LazyGroup(TyperGroup):
             raise
         except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line
             code, message = describe_error(e)
+            from pofe.secrets import redact  # a message can quote a key a server or a library echoed
+
             if _state["verbose"]:
-                traceback.print_exception(e, file=sys.stderr)
-            typer.echo(f"error: {message}", err=True)
+                sys.stderr.write(redact("".join(traceback.format_exception(e))))
+            typer.echo(f"error: {redact(message)}", err=True)
             raise typer.Exit(code) from None
 
 
@@ -228,6 +230,9 @@ def _root(
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from pofe.secrets import install_log_redaction
+
+    install_log_redaction()
 
 
 def main() -> None:
