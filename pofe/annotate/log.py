@@ -29,9 +29,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pofe.data.calibration import resolve_annotation_events
 from pofe.data.prompts import DataError

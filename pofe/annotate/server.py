@@ -29,6 +29,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -331,11 +332,12 @@ class Handler(BaseHTTPRequestHandler):
         """After refusing a request whose body was not read, stop sending and read what the
         client still sends (bounded), so that closing does not reset the connection and
         throw away the error reply before the client has read it."""
+        deadline = time.monotonic() + 2.0  # bounded in time too: a trickling client cannot hold the thread
         try:
             self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(1.0)
             left = 4 * MAX_BODY
-            while left > 0:
+            while left > 0 and time.monotonic() < deadline:
+                self.connection.settimeout(max(0.05, deadline - time.monotonic()))
                 got = self.connection.recv(min(left, 65536))
                 if not got:
                     break
@@ -349,9 +351,9 @@ class Handler(BaseHTTPRequestHandler):
             super().handle_one_request()
         except (ConnectionError, TimeoutError):
             raise  # the client went away: AnnotateServer.handle_error notes it quietly
-        except Exception as e:  # noqa: BLE001 - a request must never take the page down or print a traceback
-            log.error("annotate: internal error on %s %s: %s: %s", self.command, _shown(self.path, 80),
-                      type(e).__name__, e)
+        except Exception as e:  # a request must never take the page down or print a traceback
+            log.error("annotate: internal error on %s %s: %s: %s", getattr(self, "command", None),
+                      _shown(getattr(self, "path", None), 80), type(e).__name__, e)
             log.debug("traceback", exc_info=True)
             try:
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}")

@@ -11,7 +11,6 @@ then EFBIG), as a full disk does; Python ignores SIGXFSZ.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import socket
@@ -47,7 +46,7 @@ class Served:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
         self.first = self.proc.stdout.readline()
         if not self.first.startswith("pofe annotate: http://127.0.0.1:"):
-            rest, err = self.proc.communicate(timeout=60)
+            _, err = self.proc.communicate(timeout=60)
             raise RuntimeError(f"server did not start (exit {self.proc.returncode}): {P.short(self.first + err)}")
         self.port = int(self.first.rsplit(":", 1)[1].strip(" /\n"))
 

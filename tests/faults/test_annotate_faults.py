@@ -23,7 +23,7 @@ from pofe.data.calibration import load_calibration
 from pofe.data.prompts import DataError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cli import env as cli_env  # noqa: E402
+from _cli import env as cli_env  # noqa: E402 - after the sys.path line above
 
 SEPARATORS = "one\u2028two\u2029three\x85four"  # str.splitlines() splits on each of these
 
@@ -151,6 +151,12 @@ def test_full_disk_during_a_post_is_a_507_and_nothing_is_glued(server, monkeypat
     monkeypatch.undo()  # space again: the retry is saved, on its own line
     status, body = _post(port, json.dumps({"pair_id": pid, "choice": "left"}).encode())
     assert status == 200 and body["labelled"] == 1
+    saved = path.read_bytes()
+    monkeypatch.setattr(annotate_log.os, "write", _half_then("enospc"))
+    status, body = _post(port, b"{}", path="/api/undo")  # an undo that cannot be saved does not happen
+    monkeypatch.undo()
+    assert status == 507 and path.read_bytes() == saved
+    assert _get_state(port)[1]["labelled"] == 1
     assert [e["event"] for e in _events(path)] == ["open", "label"]
 
 
