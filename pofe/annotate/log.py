@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # (lone surrogates): written as \uXXXX escapes, which every JSON reader turns back into the
 # same text.
 _UNSAFE = re.compile("[\u0085\u2028\u2029\ud800-\udfff]")
-_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # errnos the page hears as 507 Insufficient Storage
 
 
 def now() -> str:

@@ -20,7 +20,6 @@ lengths that lie) get a one-line JSON 4xx and leave the log and the server as th
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import json
 import logging
@@ -39,7 +38,7 @@ from urllib.parse import urlsplit
 
 from pydantic import field_validator
 
-from pofe.annotate.log import AnnotatorLock, EventLog, LogWriteError, json_text
+from pofe.annotate.log import FULL_DISK, AnnotatorLock, EventLog, LogWriteError, json_text
 from pofe.annotate.pairs import AnnotationPair, file_sha256, load_pairs, shown_swapped, subset
 from pofe.config import PofeConfig
 from pofe.data.prompts import DataError
@@ -386,8 +385,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(e.status, str(e))
         except LogWriteError as e:  # the log could not be written: say so, never pretend it was saved
             log.error("annotate: %s", e)
-            status = HTTPStatus.INSUFFICIENT_STORAGE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) \
-                else HTTPStatus.INTERNAL_SERVER_ERROR
+            status = HTTPStatus.INSUFFICIENT_STORAGE if e.errno in FULL_DISK else HTTPStatus.INTERNAL_SERVER_ERROR
             return self._error(status, f"could not save the label: {e}")
         return self._json(HTTPStatus.OK, state)
 
