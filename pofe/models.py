@@ -282,7 +282,9 @@ def load_model(
 
 def apply_chat_template(tokenizer, prompt: str | list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
     """Render a prompt with the tokenizer's chat template when it has one, else as raw text."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    from pofe.data.chat import neutralise_messages  # data text must not forge control tokens
+
+    messages = neutralise_messages(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return "\n\n".join(m["content"] for m in messages) + ("\n\n" if add_generation_prompt else "")

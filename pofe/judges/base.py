@@ -17,6 +17,7 @@ any model loads.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,7 +60,7 @@ def base_url_problem(url: Any) -> str | None:
         return "must not contain spaces"
     try:
         parts = urlsplit(url)
-        port = parts.port  # raises on a port outside 0..65535 or not a number
+        parts.port  # raises on a port outside 0..65535 or not a number
     except ValueError as e:
         return f"not a URL ({e})"
     if parts.scheme not in ("http", "https"):
@@ -74,8 +75,6 @@ def base_url_problem(url: Any) -> str | None:
                 "verdict): put the key in an environment variable and name it in judge.endpoint.api_key_env")
     if not parts.hostname:
         return "has no host; write it as http://HOST:PORT/v1"
-    if port == 0:
-        return "port must be between 1 and 65535"
     return None
 
 
@@ -86,7 +85,15 @@ log-softmax); beyond this it is a probability above 1, not a rounding."""
 
 def invalid_logprob(v: float) -> bool:
     """NaN, +inf or a log-probability above 0 (beyond float tolerance): a broken number, never a read."""
-    return v != v or v > _LOGPROB_TOLERANCE
+    return math.isnan(v) or v > _LOGPROB_TOLERANCE
+
+
+def logprob_error(values) -> str | None:
+    """Why a read with these log-probabilities is unreadable (None: every value is valid)."""
+    bad = [v for v in values if invalid_logprob(v)]
+    if not bad:
+        return None
+    return "non-finite logprob" if not math.isfinite(bad[0]) else f"positive logprob {bad[0]!r} (a probability above 1)"
 
 
 # ======================================================================================
@@ -188,13 +195,23 @@ class PointwiseAsPairwise:
         scores = self.inner.score(list(prompts) * 2, list(responses_a) + list(responses_b))  # one batch for A and B
         out = []
         for sa, sb in zip(scores[:n], scores[n:]):
-            if sa.score is None or sb.score is None:
+            if not (_finite(sa.score) and _finite(sb.score)):  # a NaN is no score: never a 0.5 tie
                 p = None
             else:
                 p = 1.0 if sa.score > sb.score else 0.0 if sa.score < sb.score else 0.5
             out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=None if p is None else True, parse_ok=p is not None,
                                 judge_id=self.id, extra={"score_a": sa.score, "score_b": sb.score}))
         return out
+
+
+def _finite(x) -> bool:
+    """A finite number (False for None, NaN, +-inf and anything that is not a number)."""
+    if x is None or isinstance(x, (str, bytes)) or not hasattr(x, "__float__"):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def as_pairwise(judge):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, field_validator, model_validator
 
 from pofe.config import ConfigError, PofeConfig
 from pofe.generation.base import VLLMSettings
@@ -156,6 +156,14 @@ class RubricConfig(PofeConfig):
     top_p: float = Field(0.9, gt=0, le=1)
     max_new_tokens: int = Field(256, ge=1)
     score_range: list[float] = [0, 5]
+    """[lo, hi]: a parsed "Score: N" outside it is not a reading."""
+
+    @field_validator("score_range")
+    @classmethod
+    def _check_range(cls, v: list[float]) -> list[float]:
+        if len(v) != 2 or not v[0] < v[1]:
+            raise ValueError(f"must be [lo, hi] with lo < hi, got {v}")
+        return v
 
 
 # ======================================================================================
@@ -197,6 +205,62 @@ class _JudgeKind(PofeConfig):
         return d
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+    @model_validator(mode="after")
+    def _refuse_inapplicable(self):
+        """A setting the chosen kind/backend/mode never reads is an error naming the key, when
+        the config is parsed: ``endpoint.base_url`` on a transformers rubric judge or
+        ``cot.clamp`` with CoT off would otherwise be accepted and silently do nothing."""
+        for key, why in self._inapplicable():
+            # ConfigError, not ValueError: pydantic would append the whole judge section as "got ...".
+            raise ConfigError(f"bad value for 'judge.{key}': it does not apply here ({why}); remove it")
+        return self
+
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        """(key, why) for each explicitly set setting that this configuration ignores."""
+        return []
+
+
+def _is_set(model: BaseModel, name: str) -> bool:
+    """The user set ``name`` to something other than its default. Only explicit keys count
+    (``model_fields_set``), and a key holding its default does not: commands merge the class
+    defaults into what they validate, so defaults arrive as "set" keys too."""
+    if name not in model.model_fields_set:
+        return False
+    default = type(model).model_fields[name].get_default(call_default_factory=True)
+    value = getattr(model, name)
+    if isinstance(value, BaseModel) and isinstance(default, BaseModel):
+        return value.model_dump() != default.model_dump()
+    return value != default
+
+
+def _set_keys(model: BaseModel, names, prefix: str = "") -> list[str]:
+    return [prefix + n for n in names if _is_set(model, n)]
+
+
+_IN_PROCESS_KEYS = ("revision", "trust_remote_code", "dtype", "device", "batch_size", "max_length")
+
+
+def _endpoint_inapplicable(e: "EndpointConfig", reads_logprobs: bool = True) -> list[tuple[str, str]]:
+    out = []
+    if e.api == "chat" and _is_set(e, "tokenizer"):
+        out.append(("endpoint.tokenizer", "the tokenizer renders prompts for endpoint.api=completions; this is chat"))
+    if e.api == "completions" and _is_set(e, "chat_prefill"):
+        out.append(("endpoint.chat_prefill", "prefilling is for endpoint.api=chat; this is completions"))
+    if not reads_logprobs and _is_set(e, "top_logprobs"):
+        out.append(("endpoint.top_logprobs", "this judge reads generated text, not log-probabilities"))
+    return out
+
+
+def _llamacpp_inapplicable(lc: "LlamaCppConfig", owner: BaseModel, reads_logprobs: bool = True) -> list[tuple[str, str]]:
+    out = []
+    if not lc.gguf and _is_set(lc, "tokenizer"):
+        out.append(("llamacpp.tokenizer", "it is read only with llamacpp.gguf; the embedded model uses its own tokenizer"))
+    if lc.gguf and _is_set(owner, "model"):
+        out.append(("model", "llamacpp.gguf is set, so the GGUF file is served, not judge.model"))
+    if not reads_logprobs and _is_set(lc, "top_logprobs"):
+        out.append(("llamacpp.top_logprobs", "this judge reads generated text, not log-probabilities"))
+    return out
 
 
 class _InProcessSettings(_JudgeKind):
@@ -241,6 +305,26 @@ class _PairwiseLLMSettings(_LLMSettings):
     principles_per_comparison: int = Field(1, ge=0)
     """Principles sampled per comparison; > 1 averages an ensemble (0 = all)."""
 
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        out = super()._inapplicable()
+        if not self.cot.enabled:
+            out += [(k, "chain-of-thought is off; set judge.cot.enabled=true to use it")
+                    for k in _set_keys(self.cot, ("max_new_tokens", "temperature", "clamp"), "cot.")]
+        if not self.both_orders and _is_set(self, "require_both_orders"):
+            out.append(("require_both_orders", "judge.both_orders is false: there is one order"))
+        if _is_set(self, "principles_per_comparison") and not self.constitution and not self._template_has_principle():
+            out.append(("principles_per_comparison", "no constitution is used (set judge.constitution or the "
+                                                     "'constitution' template)"))
+        return out
+
+    def _template_has_principle(self) -> bool:
+        try:
+            from pofe.judges.templates import load_template
+
+            return "{principle}" in load_template(self.template).prompt
+        except (OSError, ValueError, KeyError):
+            return True  # unreadable here: the build reports the template; do not guess
+
 
 class LLMJudgeConfig(_PairwiseLLMSettings, _InProcessSettings):
     """``llm``: in-process transformers pairwise judge (token probabilities, both orders in one
@@ -260,6 +344,9 @@ class LlamaCppJudgeConfig(_PairwiseLLMSettings):
     llamacpp: LlamaCppConfig = LlamaCppConfig()
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, LP})
 
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        return super()._inapplicable() + _llamacpp_inapplicable(self.llamacpp, self)
+
 
 class OpenAIJudgeConfig(_PairwiseLLMSettings):
     """``openai``: any OpenAI-compatible endpoint (completions or chat, with logprobs)."""
@@ -267,6 +354,9 @@ class OpenAIJudgeConfig(_PairwiseLLMSettings):
     kind: Literal["openai"] = "openai"
     endpoint: EndpointConfig = EndpointConfig()
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, LP})
+
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        return super()._inapplicable() + _endpoint_inapplicable(self.endpoint)
 
 
 class VLLMJudgeConfig(_PairwiseLLMSettings):
@@ -294,6 +384,26 @@ class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
     llamacpp: LlamaCppConfig = LlamaCppConfig()
     """backend llamacpp: the server."""
 
+    reads_logprobs: ClassVar[bool] = True
+
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        out = super()._inapplicable()
+        b = self.backend
+        why = f"judge.backend is {b}"
+        out += [(k, why) for k, used in (("endpoint", "openai"), ("llamacpp", "llamacpp"), ("vllm", "vllm"))
+                if b != used and _is_set(self, k)]
+        if b != "transformers":  # only the in-process transformers backend loads the model with these
+            out += [(k, why + ": the model is not loaded by transformers in this process")
+                    for k in _set_keys(self, _IN_PROCESS_KEYS if b != "vllm" else tuple(
+                        k for k in _IN_PROCESS_KEYS if k != "max_length"))]
+        if b == "openai" and _is_set(self, "model"):
+            out.append(("model", "judge.backend is openai: the served model is judge.endpoint.model"))
+        if b == "openai":
+            out += _endpoint_inapplicable(self.endpoint, self.reads_logprobs)
+        if b == "llamacpp":
+            out += _llamacpp_inapplicable(self.llamacpp, self, self.reads_logprobs)
+        return out
+
     @property
     def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
         base = set(type(self).base_capabilities)
@@ -310,6 +420,7 @@ class RubricJudgeConfig(_PointwiseLLMSettings):
     template: str = "rubric"
     rubric: RubricConfig = RubricConfig()
     base_capabilities: ClassVar[frozenset[Capability]] = frozenset({P})
+    reads_logprobs: ClassVar[bool] = False
 
 
 class ExpectedScoreJudgeConfig(_PointwiseLLMSettings):

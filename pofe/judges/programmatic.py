@@ -13,7 +13,7 @@ import math
 import time
 from typing import Callable
 
-from pofe.judges.base import Capability, JudgeConfigError, check_batch
+from pofe.judges.base import Capability, JudgeConfigError, JudgeError, check_batch
 from pofe.records import Judgment, Score
 
 
@@ -28,6 +28,19 @@ def _pref(va: float, vb: float, temperature: float) -> float:
     return 0.5
 
 
+def finite_value(v) -> float | None:
+    """``v`` as a float when it is a finite number; None for None, NaN, +-inf, strings, lists,
+    arrays: a value function's output that is not a number is no value (counted unreadable),
+    never compared (every comparison with NaN is False, which made a NaN pair a 0.5 tie)."""
+    if v is None or isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):  # e.g. a tensor with more than one element
+        return None
+    return f if math.isfinite(f) else None
+
+
 class ValueJudge:
     """Pairwise judge from a scalar value function (higher is better); also pointwise
     (``score`` is the value itself)."""
@@ -39,19 +52,32 @@ class ValueJudge:
         self.id = judge_id
         self.temperature = temperature
 
+    def _read(self, x, y, r) -> tuple[float | None, str | None]:
+        """(finite value or None, why None)."""
+        try:
+            v = self.value(x, y, r)
+        except JudgeError:
+            raise
+        except Exception as e:  # a user's value function: one line naming it, not a traceback
+            raise JudgeError(f"judge {self.id} raised {type(e).__name__}: {e}") from e
+        if v is None:
+            return None, "value unavailable"  # e.g. reference-overlap without a reference
+        f = finite_value(v)
+        return f, None if f is not None else f"value {str(v)[:40]!r} is not a finite number"
+
     def judge(self, prompts, responses_a, responses_b, *, references=None) -> list[Judgment]:
         check_batch(prompts, responses_a, responses_b)
         refs = references or [None] * len(prompts)
         out = []
         for x, a, b, r in zip(prompts, responses_a, responses_b, refs):
             t0 = time.perf_counter()
-            va, vb = self.value(x, a, r), self.value(x, b, r)
+            (va, ea), (vb, eb) = self._read(x, a, r), self._read(x, b, r)
             if va is None or vb is None:
-                # e.g. reference-overlap without a reference: no value, so no verdict.
+                # no value, so no verdict (never a 0.5 tie)
                 out.append(Judgment(p=None, p_ab=None, p_ba=None, consistent=None, parse_ok=False, judge_id=self.id,
-                                    latency_s=time.perf_counter() - t0, extra={"error": "value unavailable"}))
+                                    latency_s=time.perf_counter() - t0, extra={"error": ea or eb}))
                 continue
-            p = _pref(float(va), float(vb), self.temperature)
+            p = _pref(va, vb, self.temperature)
             out.append(Judgment(p=p, p_ab=p, p_ba=p, consistent=True, parse_ok=True, judge_id=self.id,
                                 latency_s=time.perf_counter() - t0))
         return out
@@ -61,8 +87,8 @@ class ValueJudge:
         refs = references or [None] * len(prompts)
         out = []
         for x, y, r in zip(prompts, responses, refs):
-            v = self.value(x, y, r)
-            out.append(Score(score=None if v is None else float(v), parse_ok=v is not None, judge_id=self.id))
+            v, err = self._read(x, y, r)
+            out.append(Score(score=v, parse_ok=v is not None, judge_id=self.id, extra={"error": err} if err else {}))
         return out
 
 

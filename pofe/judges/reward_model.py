@@ -57,10 +57,13 @@ class RewardModelJudge:
         self.id = f"reward-model:{model_name or getattr(model.config, '_name_or_path', 'in-memory')}"
 
     def _render(self, prompt: str, response: str) -> str:
+        from pofe.data.chat import neutralise_messages  # as training rendered them (pofe.models.apply_chat_template)
+
+        msgs = neutralise_messages(self.tokenizer, [{"role": "user", "content": prompt},
+                                                    {"role": "assistant", "content": response}])
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], tokenize=False)
-        return f"{prompt}\n\n{response}"
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False)
+        return f"{msgs[0]['content']}\n\n{msgs[1]['content']}"
 
     @torch.no_grad()
     def rewards(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:

@@ -29,12 +29,11 @@ from typing import Any, Iterable
 
 from pofe.config import safe_yaml_load
 
-# Chat-control strings of common templates; the backend adds its tokenizer's own.
-DEFAULT_SPECIAL_STRINGS = (
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|begin_of_text|>", "<|end_of_text|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>",
-    "<s>", "</s>", "[INST]", "[/INST]", "<start_of_turn>", "<end_of_turn>",
-)
+from pofe.data.chat import CHAT_CONTROL_STRINGS, break_control
+
+# Chat-control strings of every common template family (an endpoint's tokenizer is not
+# visible here); a backend with a tokenizer in this process adds its own special tokens.
+DEFAULT_SPECIAL_STRINGS = CHAT_CONTROL_STRINGS
 
 PLACEHOLDERS = ("prompt", "response_1", "response_2", "response", "principle", "reference", "instruction")
 _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
@@ -95,12 +94,7 @@ def neutralise(text: str, tags: Iterable[str], specials: Iterable[str] = DEFAULT
     return text
 
 
-def _break(s: str) -> str:
-    if s[0] == "<":
-        return "‹" + s[1:]
-    if s[0] == "[":
-        return "［" + s[1:]
-    return s[0] + "\u200b" + s[1:]
+_break = break_control
 
 
 # -- loading ---------------------------------------------------------------------------

@@ -88,7 +88,9 @@ class RawServer:
 
 
 def answer(body: bytes, status: str = "200 OK", headers: str = "Content-Type: application/json\r\n") -> list:
-    return [(0, f"HTTP/1.1 {status}\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body)]
+    # Connection: close, as the server hangs up after each reply (a reused connection would reset)
+    return [(0, f"HTTP/1.1 {status}\r\n{headers}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+             + body)]
 
 
 def trickle(mode: str, cap_s: float = 6.0, every: float = 0.3) -> list:
@@ -150,7 +152,8 @@ def test_trickling_endpoint_fails_the_command_within_the_deadline(tmp_path, mode
 
 def test_a_healthy_slow_reply_within_the_deadline_is_read():
     # 4 pieces 0.2 s apart (0.8 s in all) under a 3 s deadline: a normal reply, read in full
-    pieces = [(0, f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(GOOD)}\r\n\r\n".encode())]
+    pieces = [(0, f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  f"Content-Length: {len(GOOD)}\r\n\r\n".encode())]
     pieces += [(0.2, GOOD[i * len(GOOD) // 4:(i + 1) * len(GOOD) // 4]) for i in range(4)]
     s = RawServer(lambda path: answer(MODELS) if path.endswith("/models") else pieces)
     try:

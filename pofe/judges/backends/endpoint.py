@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from pofe.judges.base import (BackendStats, ChoiceRead, EndpointError, GenOut, JudgeConfigError, base_url_problem,
-                               choice_variants, invalid_logprob)
+                               choice_variants, logprob_error)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 from pofe.secrets import redact, register
@@ -244,7 +244,9 @@ class EndpointBackend:
     @property
     def special_strings(self) -> tuple[str, ...]:
         tok = self.tokenizer
-        return tuple(getattr(tok, "all_special_tokens", ()) or ()) if tok is not None else ()
+        from pofe.data.chat import special_token_strings
+
+        return special_token_strings(tok) if tok is not None else ()
 
     def validate_choices(self, choices: Sequence[str]) -> None:
         if len(set(choices)) != len(choices):
@@ -557,9 +559,8 @@ def parse_choice_response(text: str, choices: Sequence[str]) -> ChoiceRead:
         seen[(i if i is not None else t)] = (t, v)
     # A log-probability above 0 (a probability above 1) or NaN anywhere in the reply is a
     # broken server, not a reading: the whole read is unparseable, never used.
-    bad = [v for _, v in seen.values() if invalid_logprob(v)]
-    if bad:
-        why = "non-finite logprob" if not math.isfinite(bad[0]) else f"positive logprob {bad[0]!r} (a probability above 1)"
+    why = logprob_error(v for _, v in seen.values())
+    if why:
         return ChoiceRead(None, raw=gen, tokens=tokens, error=why)
     d = {}
     for c in choices:

@@ -8,12 +8,12 @@ stays cheap for config validation.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, render_chat
+from pofe.judges.base import (BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, logprob_error,
+                              render_chat)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
@@ -86,7 +86,9 @@ class TransformersBackend(SingleTokenChoices):
 
     @property
     def special_strings(self) -> tuple[str, ...]:
-        return tuple(getattr(self.tokenizer, "all_special_tokens", ()) or ())
+        from pofe.data.chat import special_token_strings
+
+        return special_token_strings(self.tokenizer)
 
     def render(self, req: Rendered) -> str:
         return render_chat(self.tokenizer, req)
@@ -144,12 +146,13 @@ class TransformersBackend(SingleTokenChoices):
         out = []
         for lp, n in zip(lps, lens):
             vals = {c: [float(lp[i]) for i in self.variant_ids(c)] for c in choices}
-            if any(math.isnan(v) or v == math.inf for vs in vals.values() for v in vs):
+            why = logprob_error(v for vs in vals.values() for v in vs)
+            if why:
                 # A NaN/inf is a broken read (e.g. overflowing fp16 logits), not a probability:
                 # unreadable and counted, never p = 0 or an invented 0.5.
-                out.append(ChoiceRead(None, tokens=n, error="non-finite logprob"))
+                out.append(ChoiceRead(None, tokens=n, error=why))
                 continue
-            out.append(ChoiceRead(logprobs={c: logsumexp(vs) for c, vs in vals.items()}, tokens=n))
+            out.append(ChoiceRead(logprobs={c: logsumexp(min(v, 0.0) for v in vs) for c, vs in vals.items()}, tokens=n))
         return out
 
     def generate(self, requests: Sequence[Rendered], *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,

@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 from pofe.generation.base import VLLMSettings
 from pofe.judges.backends.transformers import _weights_identity
-from pofe.judges.base import BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, render_chat
+from pofe.judges.base import (BackendStats, ChoiceRead, GenOut, SingleTokenChoices, encode_keep_end, logprob_error,
+                              render_chat)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
 
@@ -68,7 +69,9 @@ class VLLMBackend(SingleTokenChoices):
 
     @property
     def special_strings(self) -> tuple[str, ...]:
-        return tuple(getattr(self.tokenizer, "all_special_tokens", ()) or ())
+        from pofe.data.chat import special_token_strings
+
+        return special_token_strings(self.tokenizer)
 
     @property
     def engine(self):
@@ -120,7 +123,11 @@ class VLLMBackend(SingleTokenChoices):
         for d, x in zip(reads, ids):
             # every single-token spelling was read (exactly when outside the top-k); a choice with
             # no single-token spelling is -inf, as on the transformers backend
-            lps = {c: logsumexp(d[v] for v in self.variant_ids(c)) for c in choices}
+            why = logprob_error(d[v] for c in choices for v in self.variant_ids(c))
+            if why:  # NaN from overflowing half-precision logits, or a probability above 1: never a read
+                out.append(ChoiceRead(None, tokens=len(x), error=why))
+                continue
+            lps = {c: logsumexp(min(d[v], 0.0) for v in self.variant_ids(c)) for c in choices}
             out.append(ChoiceRead(logprobs=lps, tokens=len(x)))
         return out
 
