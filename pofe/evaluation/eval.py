@@ -146,12 +146,24 @@ def load_responses(path: str | Path) -> dict[str, str]:
     from pofe.data.prompts import to_prompt
 
     out: dict[str, str] = {}
+    seen: dict[str, str] = {}
     for where, r in read_located(path):
         key = next((k for k in _RESPONSE_KEYS if k in r), None)
         if key is None or not isinstance(r[key], str):
             raise DataError(f"{where}: no response field (looked for {', '.join(_RESPONSE_KEYS)}); fields: {sorted(r)}")
-        out[to_prompt({k: v for k, v in r.items() if k != key}, where).text] = r[key]
+        prompt = to_prompt({k: v for k, v in r.items() if k != key}, where).text
+        if prompt in seen:
+            # A win rate counts each prompt once; which of two answers is "the" response is
+            # not ours to pick (a dict kept the last one without a word).
+            raise DataError(f"{where}: prompt {_short(prompt)} again (first at {seen[prompt]}); a responses file "
+                            "gives one response per prompt")
+        seen[prompt] = where
+        out[prompt] = r[key]
     return out
+
+
+def _short(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[: n - 3] + "...")
 
 
 def is_responses_file(spec: str) -> bool:
@@ -220,28 +232,59 @@ def collect_responses(cfg: EvalConfig, generator=None) -> tuple[list[str], list[
 
     ``generator(spec, prompts, cfg) -> list[str]`` replaces model generation in tests.
     """
+    prompts, sides, _ = collect_counted(cfg, generator)
+    return prompts, sides
+
+
+def collect_counted(cfg: EvalConfig, generator=None) -> tuple[list[str], list[list[str]], dict[str, int]]:
+    """:func:`collect_responses` plus how many prompts there were and how many ``limit`` left
+    out (``{available, used, limited}``, reported as the result's ``prompts``).
+
+    Every responses file must answer exactly the prompts compared (the prompt file's, else
+    the first file's): a missing or extra prompt is an error naming the count and the side,
+    and a prompt given twice is an error naming it -- a win rate counts each prompt once."""
     specs = policy_specs(cfg)
     gen = generator or _generate
     files = {s: load_responses(s) for s in specs if is_responses_file(s)}
     if cfg.prompts:
         prompts = load_prompts(cfg.prompts)
+        first_at: dict[str, int] = {}
+        for i, p in enumerate(prompts, 1):
+            if p in first_at:  # a win rate counts each prompt once: a repeated one would weigh double
+                raise ValueError(f"{cfg.prompts}: prompt {_short(p)} is given twice (prompts {first_at[p]} and {i}); "
+                                 "a win rate counts each prompt once")
+            first_at[p] = i
+        source = f"the prompt file {cfg.prompts}"
     elif files:
-        prompts = list(next(iter(files.values())))
+        source_spec = next(iter(files))
+        prompts = list(files[source_spec])
+        source = f"{source_spec}"
     else:
         raise ValueError("eval: give a prompt file (prompts=...) when no policy is a responses file")
+    # Both sides must answer the same prompts: comparing on the overlap silently changes
+    # what the win rate is over (4 of 10 prompts once went by without a word).
+    wanted = set(prompts)
     for spec, table in files.items():
         missing = [p for p in prompts if p not in table]
         if missing:
-            if cfg.prompts:
-                raise ValueError(f"{spec}: no response for {len(missing)} of {len(prompts)} prompts "
-                                 f"(first: {missing[0][:60]!r})")
-            prompts = [p for p in prompts if p in table]
+            raise ValueError(f"{spec}: no response for {len(missing)} of the {len(prompts)} prompts of {source} "
+                             f"(first: {_short(missing[0])}); give both sides the same prompts, or --prompts to "
+                             "compare on a chosen set")
+        extra = [p for p in table if p not in wanted] if not cfg.prompts else []
+        if extra:
+            raise ValueError(f"{spec}: {len(extra)} prompts that {source} has no response for (first: "
+                             f"{_short(extra[0])}); give both sides the same prompts, or --prompts to compare on "
+                             "a chosen set")
+    available = len(prompts)
     if cfg.limit is not None:
         prompts = prompts[: cfg.limit]
+        if len(prompts) < available:
+            log.info("eval: limit=%d compares the first %d of %d prompts", cfg.limit, len(prompts), available)
     if not prompts:
         raise ValueError("eval: no prompts to compare on")
+    counts = {"available": available, "used": len(prompts), "limited": available - len(prompts)}
     sides = [[files[spec][p] for p in prompts] if spec in files else gen(spec, prompts, cfg) for spec in specs]
-    return prompts, sides
+    return prompts, sides, counts
 
 
 # --------------------------------------------------------------------------- two turns (MT-Bench)
@@ -338,11 +381,11 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
     questions = load_turns(cfg.prompts) if cfg.prompts else None
     if questions is not None:
         return _run_two_turn(cfg, specs, questions, judge, generator)
-    prompts, sides = collect_responses(cfg, generator)
+    prompts, sides, counts = collect_counted(cfg, generator)
     judge = _build_judge(cfg, judge)
     jid = getattr(judge, "id", str(cfg.judge.kind))
     if len(specs) > 2:
-        return _run_many(cfg, specs, prompts, sides, judge, jid)
+        return {**_run_many(cfg, specs, prompts, sides, judge, jid), "prompts": counts}
     ra, rb = sides
     pairs, outcomes = _judge_outcomes(judge, prompts, ra, rb)
     la = [_length(r, cfg.length_unit) for r in ra]
@@ -362,7 +405,8 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
 
         summary["refusal_a"] = refusal_rate(prompts, ra, max_examples=0).to_dict()
         summary["refusal_b"] = refusal_rate(prompts, rb, max_examples=0).to_dict()
-    return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": jid, "length_unit": cfg.length_unit, **summary}
+    return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": jid, "length_unit": cfg.length_unit,
+            "prompts": counts, **summary}
 
 
 def _run_many(cfg, specs, prompts, sides, judge, jid) -> dict[str, Any]:
@@ -391,8 +435,11 @@ def _run_many(cfg, specs, prompts, sides, judge, jid) -> dict[str, Any]:
 def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
     if len(specs) != 2:
         raise ValueError("eval: two-turn (MT-Bench) evaluation compares exactly two policies")
+    available = len(questions)
     if cfg.limit is not None:
         questions = questions[: cfg.limit]
+        if len(questions) < available:
+            log.info("eval: limit=%d compares the first %d of %d questions", cfg.limit, len(questions), available)
     answers = [_generate_turns(s, questions, cfg, generator) for s in specs]
     judge = _build_judge(cfg, judge)
     jid = getattr(judge, "id", str(cfg.judge.kind))
@@ -425,7 +472,9 @@ def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
             for r in rows:
                 w.write(r)
     return {"mode": "two-turn", "policy_a": specs[0], "policy_b": specs[1], "judge": jid,
-            "length_unit": cfg.length_unit, "n_questions": len(questions), **overall, "by_turn": per_turn}
+            "length_unit": cfg.length_unit, "n_questions": len(questions),
+            "prompts": {"available": available, "used": len(questions), "limited": available - len(questions)},
+            **overall, "by_turn": per_turn}
 
 
 def _fmt(x, nd=3) -> str:

@@ -347,7 +347,8 @@ def _rate_points(title: str, xs: list, counts: list[tuple[float, int]], xlabel: 
     fig, ax = _figure()
     ys = [k / n for _, k, n in pts]
     cis = [_wilson(k, n) for _, k, n in pts]
-    err = [[y - c[0] for y, c in zip(ys, cis)], [c[1] - y for y, c in zip(ys, cis)]]
+    # clipped at 0: matplotlib refuses a negative error bar, and float noise can make one
+    err = [[max(0.0, y - c[0]) for y, c in zip(ys, cis)], [max(0.0, c[1] - y) for y, c in zip(ys, cis)]]
     px = list(range(len(pts))) if bar else [x for x, _, _ in pts]
     if bar:
         ax.bar(px, ys, yerr=err, capsize=4, color=[f"C{i % 10}" for i in range(len(pts))], alpha=0.85)

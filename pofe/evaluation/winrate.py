@@ -85,7 +85,9 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     den = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # The interval always holds its own point: at 0 or n successes the bound is exactly 0 or 1
+    # (in floats centre + half can land at 1 - 1e-16, and a plot's error bar went negative).
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 
 # --------------------------------------------------------------------------- counting

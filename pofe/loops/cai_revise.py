@@ -36,7 +36,7 @@ from pofe.generation import SamplingConfig
 from pofe.generation.critique import CaiConstitution, Trace, critique_revise, load_cai_constitution
 from pofe.records import PreferencePair
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
-from pofe.training import ModelConfig
+from pofe.training import ModelConfig, fault_point
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class CaiReviseConfig(PofeConfig):
     prompts: str = "advbench"
     """Red-team prompts: a file or advbench, xstest:unsafe, hh-rlhf:harmless (see pofe.data.io)."""
     max_prompts: int | None = Field(32, ge=1)
-    """Use at most this many red-team prompts (null: all)."""
+    """Use at most this many red-team prompts (null: all); a cut is logged and counted in
+    ``summary.json: input``."""
     constitution: str = "hhh"
     """Shipped constitution name (pofe/constitutions/<name>.yaml) or a path (YAML, or the HF JSON critic/revision format)."""
     principles: list[str] | None = None
@@ -146,6 +147,31 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def chunk_metrics(step: int, which: str, traces: Sequence[Trace]) -> dict[str, Any]:
+    """One metrics.jsonl row for a revised chunk, from its traces alone (so a resume can write
+    the row of a chunk whose revisions were written before a crash took its metrics row)."""
+    return {"step": step, "set": which, "prompts": len(traces),
+            "unchanged": sum(t.final.strip() == t.original.strip() for t in traces),
+            "empty_revisions": sum(t.empty_revisions for t in traces),
+            "chars_original": _mean([len(t.original) for t in traces]),
+            "chars_revised": _mean([len(t.final) for t in traces])}
+
+
+def load_limited(source: str, limit: int | None, key: str) -> tuple[list[str], dict[str, Any]]:
+    """The first ``limit`` prompts of ``source`` and how many the limit left out (logged when
+    it cut any: a default cap must never drop prompts unseen)."""
+    from pofe.data.prompts import load_prompt_texts as load_prompts
+
+    given = load_prompts(source)
+    used = given[:limit]
+    info = {"source": str(source), "available": len(given), "used": len(used), "limited": len(given) - len(used),
+            key: limit}
+    if info["limited"]:
+        log.warning("cai revise: %s=%s: using the first %d of %d prompts of %s; %d of %d left out",
+                    key, limit, len(used), len(given), source, info["limited"], len(given))
+    return used, info
+
+
 # ----------------------------------------------------------------------------- the command
 
 def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, tokenizer=None,
@@ -153,21 +179,21 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     """Setup -> critique/revise loop -> save. Returns the summary (also in ``summary.json``).
 
     ``resume``: a run folder to continue after its last complete chunk (``cfg`` is its saved config)."""
-    from pofe.data.prompts import load_prompt_texts as load_prompts
     from pofe.data.sft import load_examples
+    from pofe.loops.label import repair_metrics
     from pofe.training import seed_everything
-    from pofe.training.resume import rewind_metrics
 
     # --- setup: constitution and prompts first (a bad file fails before any run folder exists)
     constitution = load_cai_constitution(cfg.constitution)
     constitution.critique_pool(cfg.principles)  # no usable critique principle: fail now
-    prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
+    prompts, input_info = load_limited(cfg.prompts, cfg.max_prompts, "max_prompts")
     if not prompts:
         raise ValueError(f"no prompts in {cfg.prompts!r}")
     benign: list[str] = []
+    benign_info = None
     if cfg.refusal.enabled and cfg.refusal.benign and cfg.refusal.n_benign:
         try:
-            benign = load_prompts(cfg.refusal.benign, limit=cfg.refusal.n_benign)
+            benign, benign_info = load_limited(cfg.refusal.benign, cfg.refusal.n_benign, "n_benign")
         except FileNotFoundError as e:
             log.warning("refusal tracking: benign prompts unavailable (%s)", e)
     run_dir = open_run(cfg.run, "cai-revise", resume=resume)
@@ -185,7 +211,11 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     done_chunks = len({r["chunk"] for r in rows if r.get("chunk_complete")})
     rows = [r for r in rows if r["chunk"] < done_chunks]  # a partly written chunk is redone
     atomic_write_text(run_dir / "revisions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    rewind_metrics(run_dir / "metrics.jsonl", done_chunks)
+    # Every complete chunk gets its metrics row exactly once: a kill between a chunk's last
+    # revision and its metrics row would otherwise lose that row for good.
+    repair_metrics(run_dir / "metrics.jsonl",
+                   [(i + 1, (chunks[i][0], [Trace.from_dict(r) for r in rows if r["chunk"] == i])) for i in range(done_chunks)],
+                   lambda step, data: chunk_metrics(step, *data))
     if model is None and generate_fn is None and done_chunks < len(chunks):
         from pofe.models import load_model
 
@@ -210,11 +240,8 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
                            "chunk_complete": k == len(traces) - 1}
                     w.write(row)
                     rows.append(row)
-                m = {"step": i + 1, "set": which, "prompts": len(traces),
-                     "unchanged": sum(t.final.strip() == t.original.strip() for t in traces),
-                     "empty_revisions": sum(t.empty_revisions for t in traces),
-                     "chars_original": _mean([len(t.original) for t in traces]),
-                     "chars_revised": _mean([len(t.final) for t in traces])}
+                m = chunk_metrics(i + 1, which, traces)
+                fault_point(f"{i + 1}:before_metrics")  # crash/resume suite: revisions written, metrics row not
                 sink.write(m)
                 bar.update(m)
     finally:
@@ -246,6 +273,8 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
         "constitution_version": constitution.version,
         "critique_principles": [p.id for p in constitution.critique_pool(cfg.principles)],
         "prompts": len(traces),
+        "input": input_info,
+        **({"benign_input": benign_info} if benign_info is not None else {}),
         "rounds": cfg.rounds,
         "sft_examples": len(sft),
         "sft_cai": sum(r["source"] == "cai-revision" for r in sft),

@@ -19,7 +19,10 @@ writes:
   judge's favourite is ``chosen`` and ``p = max(p, 1 − p)`` (what ``pofe rm`` and DPO read),
   after the label filter (``filter:``, issue 13: order-inconsistent pairs and pairs with
   |p − ½| under a margin can be dropped; every drop is counted in the summary);
+* ``input.json`` -- how many of the input's pairs or prompts were labelled (``max_prompts``
+  may cut them: the cut is logged and copied into the summary's ``input``);
 * ``metrics.jsonl`` -- one row per judged batch (``log:``; a progress bar shows the batches);
+  a resume writes the row of a batch whose labels were written but whose metrics row was not;
 * ``summary.json`` -- the judge-fitness numbers the seed asks for before any reward model
   is trained ("Validate the judge before you validate anything else"): position
   consistency, first-position win rate, correlation of p with the length difference, the
@@ -50,6 +53,9 @@ from pofe.training.tracking import LogConfig, MetricsSink, Progress
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SAMPLED_PROMPTS = 32
+"""Prompts sampled from when ``max_prompts`` is null (a given pair file is labelled whole)."""
+
 
 class LabelFilterConfig(PofeConfig):
     """Which labelled pairs go to preferences.jsonl (issue 13, label hygiene). All pairs stay in
@@ -74,8 +80,11 @@ class LabelConfig(PofeConfig):
     """Model that samples the two responses (the SL-CAI model in the CAI pipeline); LoRA does not apply."""
     prompts: str = "hh-rlhf:harmless"
     """Prompt source: a file or advbench, xstest[:safe|:unsafe], hh-rlhf:harmless, hh-rlhf:helpful."""
-    max_prompts: int | None = Field(32, ge=1)
-    """Use at most this many prompts (or pairs with ``pairs``); null: all."""
+    max_prompts: int | None = Field(None, ge=1)
+    """Use at most this many prompts (or pairs with ``pairs``). null: every pair of ``pairs``,
+    and the first :data:`DEFAULT_SAMPLED_PROMPTS` (32) sampled prompts -- sampling is the
+    costly part, so set a number to sample more. A cut is logged and counted in
+    ``summary.json: input``."""
     pairs: str | None = None
     """Label existing pairs instead of sampling: a jsonl with prompt, response_a, response_b
     (or prompt, chosen, rejected)."""
@@ -226,6 +235,62 @@ def cache_counts(judgments: Sequence[Judgment], judge_summary: dict[str, Any]) -
 
 # ----------------------------------------------------------------------------- the command
 
+INPUT_FILE = "input.json"
+
+
+def record_input(run_dir: Path, source: str, available: int, used: int, max_prompts: int | None, what: str) -> dict:
+    """How much of the input the run labels (``summary.json: input``), saved beside
+    ``pairs.jsonl`` so a resumed run reports the same counts; a cut is logged."""
+    info = {"source": str(source), "available": available, "used": used, "limited": available - used,
+            "max_prompts": max_prompts}
+    if available > used:
+        why = f"max_prompts={max_prompts}" if max_prompts else f"max_prompts=null samples {DEFAULT_SAMPLED_PROMPTS}"
+        log.warning("label: %s: labelling the first %d %s of %s; %d of %d left out (set max_prompts to change it)",
+                    why, used, what, source, available - used, available)
+    atomic_write_text(run_dir / INPUT_FILE, json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def read_input(run_dir: Path) -> dict | None:
+    path = run_dir / INPUT_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def batch_metrics(step: int, batch_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics.jsonl row for a judged batch, from its labels rows alone (so a resume can
+    write the row of a batch whose rows were written before a crash took its metrics row)."""
+    st = label_stats(batch_rows)
+    return {"step": step, "pairs": len(batch_rows), "parsed": st["parsed"], "mean_p": st["mean_p"],
+            "consistency_rate": st["consistency_rate"], "dropped": sum(r["dropped"] is not None for r in batch_rows),
+            "text_fallback": sum(bool(r["text_fallback"]) for r in batch_rows)}
+
+
+def repair_metrics(path: Path, batches: Sequence[tuple[int, Any]], make_row) -> list[int]:
+    """Make ``path`` hold exactly one metrics row per completed batch, in step order:
+    ``batches`` are ``(step, data)`` of the batches whose rows are all written; rows of later
+    steps go (they are redone), a repeated step keeps its first row, and a missing step's row
+    is rebuilt with ``make_row(step, data)``. Returns the steps rebuilt."""
+    from pofe.runs import read_jsonl
+
+    old = read_jsonl(path) if path.exists() else []
+    want = dict(batches)
+    kept: dict[int, dict[str, Any]] = {}
+    for r in old:
+        step = int(r.get("step", 0))
+        if step in want and step not in kept:
+            kept[step] = r
+    rebuilt = [s for s in want if s not in kept]
+    for s in rebuilt:
+        kept[s] = make_row(s, want[s])
+    rows = [kept[s] for s in sorted(kept)]
+    if rows != old or (path.exists() and path.read_bytes()[-1:] not in (b"\n", b"")):
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    if rebuilt:
+        log.info("%s: wrote the metrics row of step(s) %s, whose rows were written before the run stopped",
+                 path, ", ".join(map(str, rebuilt)))
+    return rebuilt
+
+
 def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=None) -> list[tuple[str, str, str]]:
     """The pairs to label, saved to ``pairs.jsonl`` once (a resumed run reads them back instead
     of sampling again). Identical samples carry no preference (oat masks them out too): they
@@ -234,11 +299,15 @@ def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=Non
     if saved.exists():
         return read_pairs(saved)
     if cfg.pairs:
-        pairs = read_pairs(cfg.pairs)[: cfg.max_prompts]
+        given = read_pairs(cfg.pairs)
+        pairs = given[: cfg.max_prompts]
+        record_input(run_dir, cfg.pairs, len(given), len(pairs), cfg.max_prompts, "pairs")
     else:
         from pofe.data.prompts import load_prompt_texts as load_prompts
 
-        prompts = load_prompts(cfg.prompts, limit=cfg.max_prompts)
+        given = load_prompts(cfg.prompts)
+        prompts = given[: cfg.max_prompts or DEFAULT_SAMPLED_PROMPTS]
+        record_input(run_dir, cfg.prompts, len(given), len(prompts), cfg.max_prompts, "prompts")
         if policy is None:
             from pofe.models import load_model
 
@@ -255,7 +324,6 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     ``resume``: a run folder to continue after its last complete labels row (``cfg`` is its saved config)."""
     from pofe.judges.registry import build_judge
     from pofe.training import seed_everything
-    from pofe.training.resume import rewind_metrics
 
     # --- setup
     if cfg.pairs and resume is None:
@@ -289,7 +357,11 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     atomic_write_text(run_dir / "preferences.jsonl", "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n"
                                                              for q in prefs if q is not None))
     n_batches = -(-len(pairs) // cfg.batch_size)
-    rewind_metrics(run_dir / "metrics.jsonl", done // cfg.batch_size)
+    # Every batch whose rows are all written gets its metrics row exactly once: a kill between
+    # a batch's last row and its metrics row would otherwise lose that row for good.
+    complete = -(-done // cfg.batch_size) if done >= len(pairs) else done // cfg.batch_size
+    repair_metrics(run_dir / "metrics.jsonl",
+                   [(k + 1, rows[k * cfg.batch_size:(k + 1) * cfg.batch_size]) for k in range(complete)], batch_metrics)
     log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(pairs), identical, done,
              getattr(judge, "id", "?"))
 
@@ -297,7 +369,7 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     judgments: list[Judgment] = []
     t1 = time.perf_counter()
     sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json"))
-    bar = Progress(cfg.log, total=n_batches, initial=done // cfg.batch_size, desc="pofe label",
+    bar = Progress(cfg.log, total=n_batches, initial=complete, desc="pofe label",
                    show=(("mean_p", "p", "{:.2f}"), ("consistency_rate", "consistent", "{:.2f}")))
     try:
         with JsonlWriter(run_dir / "labels.jsonl") as lw, JsonlWriter(run_dir / "preferences.jsonl") as pw:
@@ -317,11 +389,8 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
                         pw.write(to_preference(row).to_dict())
                     fault_point(f"{start // cfg.batch_size + 1}:row_{len(batch_rows)}")  # crash/resume suite: mid-batch
                 rows += batch_rows
-                st = label_stats(batch_rows)
-                m = {"step": start // cfg.batch_size + 1, "pairs": len(batch_rows), "parsed": st["parsed"],
-                     "mean_p": st["mean_p"], "consistency_rate": st["consistency_rate"],
-                     "dropped": sum(r["dropped"] is not None for r in batch_rows),
-                     "text_fallback": sum(bool(r["text_fallback"]) for r in batch_rows)}
+                m = batch_metrics(start // cfg.batch_size + 1, batch_rows)
+                fault_point(f"{m['step']}:before_metrics")  # crash/resume suite: rows written, metrics row not
                 sink.write(m)
                 bar.update(m)
                 fault_point(f"{m['step']}:after_batch")  # crash/resume suite: a judged batch written
@@ -340,6 +409,7 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
         "run_dir": str(run_dir),
         "judge": getattr(judge, "id", cfg.judge.kind),
         **stats,
+        "input": read_input(run_dir),
         "identical_dropped": identical,
         "filter": {**cfg.filter.model_dump(), "dropped": dropped},
         "text_fallback_labels": sum(bool(r.get("text_fallback")) for r in rows),
