@@ -98,8 +98,9 @@ def register(app: typer.Typer) -> None:
     def export(output: Path = typer.Option(..., "-o", "--output", help="JSONL file to write."),
                path: Optional[Path] = PathOpt, json_out: bool = JsonOpt) -> None:
         c = _open(path)
-        if output.resolve() == c.path.resolve():
-            fail(f"-o {output} is the cache file itself")
+        from pofe.outputs import guard_outputs  # never the cache itself (also via a link), never inside a live run
+
+        guard_outputs({"-o": output}, [c.path])
         from pofe.runs import atomic_write_text
 
         n = 0

@@ -229,3 +229,41 @@ def test_guard_lock_test_does_not_disturb_the_live_run(tmp_path, live_run):
             guard_outputs({"--out": run / "sub" / "deeper"}, [], folders={"--out"})
     with pytest.raises(RunError, match=f"PID {pid}"):
         lock_run(run)
+
+
+def test_cache_export_onto_a_hard_link_to_the_cache_is_refused(tmp_path):
+    from pofe.judges.cache import JudgeCache, cache_key
+
+    path = tmp_path / "c.sqlite"
+    c = JudgeCache(path)
+    c.put(cache_key("k", 0), {"lp": [0, -1.0], "raw": "x"})
+    c.close()
+    link = tmp_path / "export.jsonl"
+    os.link(path, link)
+    before = path.read_bytes()
+    res = invoke("cache", "export", "--path", str(path), "-o", str(link))
+    assert res.returncode == 2
+    line = _one_error(res)
+    assert "c.sqlite" in line and "input file" in line
+    assert path.read_bytes() == before
+
+
+def test_eval_output_beside_a_policy_model_in_its_run_folder_is_allowed_and_rewritten(tmp_path, tiny_model_dir):
+    """A run folder stands for the model folder it holds: -o next to that model is no input,
+    so the same command can be run twice (the second run rewrites its own output)."""
+    import shutil
+
+    run = tmp_path / "runs" / "sft-1"
+    shutil.copytree(tiny_model_dir, run / "final")
+    (run / "config.yaml").write_text("seed: 0\n")
+    b = _responses(tmp_path / "b.jsonl", "B")
+    out = run / "eval.jsonl"
+    for _ in range(2):
+        res = invoke("eval", str(run), str(b), "--judge", "length", "-o", str(out),
+                     "--set", "refusal=false", "--set", "sampling.max_new_tokens=2")
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert len(out.read_text().splitlines()) == 3
+    res = invoke("eval", str(run), str(b), "--judge", "length", "-o", str(run / "final" / "config.json"),
+                 "--set", "refusal=false")
+    assert res.returncode == 2
+    assert "inside the input folder" in _one_error(res)
