@@ -341,7 +341,11 @@ def _wilson(k: float, n: int) -> tuple[float, float]:
 def _rate_points(title: str, xs: list, counts: list[tuple[float, int]], xlabel: str, ylabel: str, *,
                  hline: float | None = 0.5, bar: bool = False, labels: list[str] | None = None) -> bytes | None:
     """Rates with Wilson 95% bars and their n written beside each point (never a bare dot)."""
-    pts = [(x, k, n) for x, (k, n) in zip(xs, counts) if n]
+    # a rate with n = 0 is left out, and so is its label (a bar chart once got 3 labels for 2 bars)
+    keep = [i for i, (_, n) in enumerate(counts) if n]
+    pts = [(xs[i], *counts[i]) for i in keep]
+    if labels is not None:
+        labels = [labels[i] for i in keep]
     if not pts:
         return None
     fig, ax = _figure()

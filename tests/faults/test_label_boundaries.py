@@ -185,6 +185,19 @@ def test_report_of_a_label_run_with_every_p_one_is_written(tmp_path):
     assert (tmp_path / "r" / "report" / "report.html").is_file()
 
 
+def test_report_of_a_label_run_with_every_p_one_half_is_written(tmp_path):
+    """Equal lengths: the length judge ties every pair (p = 0.5), so no pair has a longer
+    response to pick; the judge-fitness plot shows the two rates it has, with their labels."""
+    pairs = _jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"Q{i}?", "response_a": f"aaaa{i}", "response_b": f"bbbb{i}"}
+                                             for i in range(4)])
+    res = invoke(*_label(pairs, tmp_path, "r"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert {r["p"] for r in read_jsonl(tmp_path / "r" / "labels.jsonl")} == {0.5}
+    rep = invoke("report", str(tmp_path / "r"), "--json")
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert json.loads(rep.stdout)["plots"][:2] == ["p_hist", "judge_fitness"]
+
+
 # ----------------------------------------------------------------------------- kills at the metrics boundary
 
 
