@@ -192,18 +192,23 @@ def probes(P) -> list:
     out.append(P.cli(TAG + "eval: a prompt twice in the prompt file", "silent drop", "exit 2 naming the prompt",
                      dup_prompts, code=2, needles=("Question 0?", "p.txt")))
 
-    def report_p1(ctx):
-        d = ctx.dir(TAG + "report of a label run whose p are all 1.0")
-        r = P.pofe(ctx, *P.label_pairs_args(ctx, d, pairs=pairs(d, 6)))
-        if r.returncode != 0:
-            return P.judge_result(r, code=0)
-        ps = {row["p"] for row in P.read_rows(d / "runs" / "r" / "labels.jsonl")}
-        res = P.pofe(ctx, "report", d / "runs" / "r")
-        return P.judge_result(res, code=0, check=lambda: None if ps == {1.0} and
-                              (d / "runs" / "r" / "report" / "report.html").is_file() else f"p {ps}; no report.html")
+    def report_of(value: float, make):
+        name = TAG + f"report of a label run whose p are all {value}"
 
-    out.append(P.Probe(TAG + "report of a label run whose p are all 1.0", "silent drop", "exit 0 and report.html",
-                       report_p1))
+        def run(ctx):
+            d = ctx.dir(name)
+            r = P.pofe(ctx, *P.label_pairs_args(ctx, d, pairs=make(d)))
+            if r.returncode != 0:
+                return P.judge_result(r, code=0)
+            ps = {row["p"] for row in P.read_rows(d / "runs" / "r" / "labels.jsonl")}
+            res = P.pofe(ctx, "report", d / "runs" / "r")
+            return P.judge_result(res, code=0, check=lambda: None if ps == {value} and
+                                  (d / "runs" / "r" / "report" / "report.html").is_file() else f"p {ps}; no report.html")
+        return P.Probe(name, "silent drop", "exit 0 and report.html", run)
+
+    out.append(report_of(1.0, lambda d: pairs(d, 6)))
+    out.append(report_of(0.5, lambda d: P.jsonl(d / "ties.jsonl", [  # equal lengths: the length judge ties
+        {"prompt": f"Q{i}?", "response_a": f"aaaa{i}", "response_b": f"bbbb{i}"} for i in range(4)])))
 
     # ------------------------------------------------------------------ resume boundaries
     label = lambda c, d, n: P.label_pairs_args(c, d, "batch_size=2", name=n)  # noqa: E731
