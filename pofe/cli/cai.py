@@ -14,6 +14,7 @@ from pofe.cli.common import (
     JsonOpt,
     PrintConfigOpt,
     SetOpt,
+    TrustRunConfigOpt,
     emit_json,
     fail,
     resolve_config,
@@ -60,6 +61,7 @@ def register(app: typer.Typer) -> None:
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(CaiReviseConfig, config, set_, {
             "model.name": model, "prompts": prompts, "constitution": constitution, "rounds": rounds,
-            "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume)
+            "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
         try:
             s = run(cfg, resume=resume)
         except (ValueError, FileNotFoundError, RunError) as e:

@@ -11,7 +11,7 @@ from typing import Any, Optional, TypeVar
 
 import typer
 
-from pofe.config import ConfigError, PofeConfig, dump_config, load_config
+from pofe.config import ConfigError, PofeConfig, dump_config, load_config, parse_override
 
 T = TypeVar("T", bound=PofeConfig)
 
@@ -19,39 +19,117 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a key: --set judge.template=helpful-short (repeatable).")
 PrintConfigOpt = typer.Option(False, "--print-config", help="Print the resolved config and exit.")
 JsonOpt = typer.Option(False, "--json", help="Print a JSON summary on stdout at the end.")
+TrustRunConfigOpt = typer.Option(
+    False, "--trust-run-config",
+    help="With --resume: accept the settings in the run folder's config.yaml that run code or send data "
+         "(callable judges, trust_remote_code, endpoint URLs). Without it they are refused unless repeated "
+         "with --set KEY=VALUE.")
 
 
 def fail(message: str, code: int = 2) -> None:
-    """One-line error on stderr, then exit (status 2 for bad input)."""
+    """One-line error on stderr, then exit (status 2 for bad input). A bad-input error leaves
+    no run folder behind: one this process created and computed nothing in is removed."""
+    if code == 2:
+        discard_unused_runs()
     from pofe.secrets import redact  # the message can quote a value that is a key
 
     typer.echo(f"error: {redact(message)}", err=True)
     raise typer.Exit(code)
 
 
+def discard_unused_runs() -> None:
+    """Remove fresh run folders this process left empty (only when ``pofe.runs`` is loaded:
+    the import costs nothing then)."""
+    runs = sys.modules.get("pofe.runs")
+    if runs is not None:
+        runs.discard_unused_runs()
+
+
+def _keep_typed_name(sets: list[str]) -> list[str]:
+    """``--set run.name=123`` / ``=2024-12-01`` / ``=$'a\\nb'``: the folder name is the text the
+    user typed, not what YAML makes of it (an int, a date, a folded line); quote it so the
+    validator sees exactly that text."""
+    out = []
+    for text in sets:
+        key, eq, raw = text.partition("=")
+        out.append(f"run.name={json.dumps(raw)}" if eq and key.strip() == "run.name" else text)
+    return out
+
+
+def _confirmations(resume: Path, sets: list[str]) -> dict[str, Any]:
+    """With ``--resume``, ``--set KEY=VALUE`` may only repeat a code-running setting of the saved
+    config (``--set judge.callable=mymod:score``), so that it comes from the command line."""
+    out: dict[str, Any] = {}
+    for text in sets:
+        try:
+            keypath, value = parse_override(text)
+        except ConfigError as e:
+            fail(str(e))
+        out[".".join(keypath)] = (value, text)
+    return out
+
+
+def _check_trust(resume: Path, cfg: PofeConfig, confirmed: dict[str, Any], trust: bool) -> None:
+    from pofe.runs import untrusted_settings
+
+    found = dict(untrusted_settings(cfg))
+    for key, (value, text) in confirmed.items():
+        if key not in found:
+            fail(f"--resume {resume}: --set {text} is refused; a resumed run keeps its saved config.yaml "
+                 f"(start a new run to change settings; with --resume, --set only confirms a code-running setting)")
+        if value != found[key]:
+            fail(f"--resume {resume}: --set {key}={value!r} differs from the run's {found[key]!r}; a resumed run "
+                 f"keeps its saved config.yaml (start a new run to change it)")
+    if trust:
+        return
+    for key, value in found.items():
+        if key not in confirmed:
+            shown = json.dumps(value) if isinstance(value, bool) else value
+            fail(f"--resume {resume}: the run folder's config.yaml sets {key}: {shown}, which runs code or sends the "
+                 f"run's data out; a run folder is not trusted: pass --trust-run-config, or give it on the command "
+                 f"line: --set {key}={shown}")
+
+
 def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str]], extra: dict[str, Any] | None = None,
-                   print_config: bool = False, resume: Optional[Path] = None) -> T:
+                   print_config: bool = False, resume: Optional[Path] = None, trust_run_config: bool = False) -> T:
     """Load the command's config or exit 2 naming the bad key and the file.
 
     With ``resume`` (a run folder), the run's own saved ``config.yaml`` is the truth: a
     resumed run must continue the run that was started, never a default one (a resume that
     rebuilt the config from defaults once overwrote the run's config and mixed two judges'
-    labels in one file). ``--config`` and ``--set`` are refused with a resume.
+    labels in one file). ``--config`` and options are refused with a resume; the folder must
+    be unchanged since its ``run.json`` was written; and a setting in it that runs code or
+    sends data out is refused unless ``trust_run_config`` or repeated as ``--set KEY=VALUE``
+    (a run folder is data from anyone: its config once made a resume delete a directory).
     """
+    runs = sys.modules.get("pofe.runs")
+    if runs is not None:  # a new command: only folders it creates itself are ever discarded
+        runs.forget_fresh_runs()
+    confirmed: dict[str, Any] = {}
     if resume is not None:
+        from pofe.runs import RunError, verify_run_folder
+
         saved = Path(resume) / "config.yaml"
         if not saved.is_file():
             fail(f"--resume {resume}: no config.yaml there (not a pofe run folder)")
         given = [k for k, v in (extra or {}).items() if v is not None]
-        if config is not None or sets or given:
-            what = "--config" if config is not None else ("--set " + sets[0]) if sets else f"option {given[0]}"
+        if config is not None or given:
+            what = "--config" if config is not None else f"option {given[0]}"
             fail(f"--resume {resume}: {what} is refused; a resumed run keeps its saved config.yaml "
                  f"(start a new run to change settings)")
+        try:
+            verify_run_folder(resume)  # refuses a changed config or input, or a config.yaml link, before it is read
+        except RunError as e:
+            fail(str(e))
+        confirmed = _confirmations(resume, sets or [])
         config, sets, extra = saved, [], {}
     try:
-        cfg = load_config(cls, config, sets or [], {k: v for k, v in (extra or {}).items() if v is not None})
+        cfg = load_config(cls, config, _keep_typed_name(sets or []),
+                          {k: v for k, v in (extra or {}).items() if v is not None})
     except ConfigError as e:
         fail(str(e))
+    if resume is not None:  # printing the config runs nothing from the folder
+        _check_trust(resume, cfg, confirmed, trust_run_config or print_config)
     if print_config:
         typer.echo(dump_config(cfg, comments=True), nl=False)
         raise typer.Exit(0)

@@ -12,6 +12,7 @@ from pofe.cli.common import (
     JsonOpt,
     PrintConfigOpt,
     SetOpt,
+    TrustRunConfigOpt,
     emit_json,
     fail,
     resolve_config,
@@ -34,6 +35,7 @@ def register(app: typer.Typer) -> None:
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to label unless this `pofe audit` report passed for this judge."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -42,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(LabelConfig, config, set_, {
             "model.name": model, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
-            "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume)
+            "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.evaluation.audit import gate, judge_identity
 
         gate(require_audit, judge_identity(cfg.judge))

@@ -184,6 +184,10 @@ class LazyGroup(TyperGroup):
             raise
         except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line
             code, message = describe_error(e)
+            if code == 2:  # bad input: a fresh run folder with nothing computed in it is removed
+                from pofe.cli.common import discard_unused_runs
+
+                discard_unused_runs()
             from pofe.secrets import redact  # a message can quote a key a server or a library echoed
 
             if _state["verbose"]:

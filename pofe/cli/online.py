@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
 
 
 def describe(summary: dict[str, Any], cfg) -> str:
@@ -60,6 +60,7 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, help="Policy (model.name): embedded name, hub id or local dir."),
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to train unless this judge audit passed."),
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(OnlineConfig, config, set_, {"train.steps": steps, "mode": mode, "judge.kind": judge,
                                                           "judge.template": template, "model.name": model}, print_config,
-                             resume=resume)
+                             resume=resume, trust_run_config=trust_run_config)
         from pofe.data.prompts import DataError
         from pofe.evaluation.audit import AuditError
         from pofe.judges.base import EndpointError, JudgeError

@@ -12,6 +12,7 @@ from pofe.cli.common import (
     JsonOpt,
     PrintConfigOpt,
     SetOpt,
+    TrustRunConfigOpt,
     emit_json,
     fail,
     resolve_config,
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to train unless this `pofe audit` report passed for the reward's judge."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
                  "algo": algo, "train.steps": steps, "run.output_dir": output_dir, "run.name": name}
         if reward_model and not reward:
             extra["reward.kind"] = "reward-model"
-        cfg = resolve_config(RLConfig, config, set_, extra, print_config, resume=resume)
+        cfg = resolve_config(RLConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.evaluation.audit import gate, reward_identity
 
         gate(require_audit, lambda: reward_identity(cfg.reward))

@@ -12,6 +12,7 @@ from pofe.cli.common import (
     JsonOpt,
     PrintConfigOpt,
     SetOpt,
+    TrustRunConfigOpt,
     emit_json,
     fail,
     resolve_config,
@@ -35,6 +36,7 @@ def register(app: typer.Typer) -> None:
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to train unless this `pofe audit` report passed for the judge that labelled --train."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -43,7 +45,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(RMConfig, config, set_, {
             "data.train": train or None, "model.name": model, "data.labels": labels, "train.epochs": epochs,
-            "train.steps": steps, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume)
+            "train.steps": steps, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.evaluation.audit import gate, labels_identity
 
         gate(require_audit, lambda: labels_identity(cfg.data.train))

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -25,13 +25,14 @@ def register(app: typer.Typer) -> None:
             None, "--require-audit",
             help="Refuse to start unless this `pofe audit` report passed (audit M1 as a judge first)."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.self_reward import SelfRewardConfig
 
         extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir}
-        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume)
+        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.data.prompts import DataError
         from pofe.evaluation.audit import AuditError
         from pofe.evaluation.audit import require_audit as _require_audit

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR with its own config.yaml "
                                                                      "from its latest checkpoint."),
         set_: Optional[list[str]] = SetOpt,
+        trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
         extra = {"data.ift": ift or None, "data.eft": eft or None, "model.name": model, "train.steps": steps,
                  "run.output_dir": output_dir}
-        cfg = resolve_config(SFTConfig, config, set_, extra, print_config, resume=resume)
+        cfg = resolve_config(SFTConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.data.prompts import DataError
         from pofe.loops.sft import run
         from pofe.runs import RunError

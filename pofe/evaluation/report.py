@@ -77,8 +77,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(path: Path) -> Any:
+    from pofe.runs import read_run_text
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_run_text(path))
     except (OSError, json.JSONDecodeError):
         log.warning("report: %s is not valid JSON; skipping it", path)
         return None
@@ -121,11 +123,14 @@ def load_run(run_dir: str | Path) -> RunData:
         return run
     if not d.is_dir():
         raise FileNotFoundError(f"run folder not found: {d}")
+    from pofe.runs import guard_run_dir, read_run_text
+
+    guard_run_dir(d)  # its files are read never through links (a planted one would leak a file into the report)
     run = RunData(d)
     if (d / "config.yaml").exists():
         import yaml
 
-        run.config_text = (d / "config.yaml").read_text(encoding="utf-8")
+        run.config_text = read_run_text(d / "config.yaml")
         try:
             run.config = yaml.safe_load(run.config_text) or {}
         except yaml.YAMLError:
@@ -768,16 +773,21 @@ def render_html(run: RunData, plots: list[Plot]) -> str:
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write ``report.html`` and one PNG per plot into ``out_dir`` (default ``RUN_DIR/report``)."""
-    from pofe.runs import atomic_write_text
+    from pofe.runs import atomic_write_bytes, atomic_write_text, check_run_path, guard_run_dir
 
     run = load_run(run_dir)
+    # A run folder may come from anyone: a planted report/ or report/<plot>.png link must not
+    # make the report write outside it. Every file is a rename in the folder (replacing a link,
+    # never writing through it), and report/ itself must not be a link out of the run.
+    guard_run_dir(run.run_dir)
     out = Path(out_dir) if out_dir else run.run_dir / "report"
+    check_run_path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = make_plots(run)
     pngs = []
     for p in plots:
         path = out / f"{p.name}.png"
-        path.write_bytes(p.png)
+        atomic_write_bytes(path, p.png)
         pngs.append(str(path))
     html_path = out / "report.html"
     atomic_write_text(html_path, render_html(run, plots))

@@ -132,7 +132,9 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}-old-{os.getpid()}")
-        if old.exists():
+        if old.is_symlink():
+            old.unlink()  # a link is removed itself, never the folder it points to
+        elif old.exists():
             shutil.rmtree(old)
         os.replace(target, old)
     os.replace(tmp, target)
@@ -145,8 +147,12 @@ def _swap_into_place(tmp: Path, target: Path) -> None:
 def _atomic_dir(target: Path):
     """Yield a temporary sibling of ``target`` to write into; on success fsync it and swap it
     into place, on any failure remove it (``target`` keeps its old complete contents)."""
+    from pofe.runs import DIR_MODE, check_run_path
+
     target.parent.mkdir(parents=True, exist_ok=True)
+    check_run_path(target)  # a planted checkpoints/ or step-N link must not send weights elsewhere
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    os.chmod(tmp, DIR_MODE)  # mkdtemp makes 0700; the folder gets what mkdir would under the umask
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -200,6 +206,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
 
     ckpt_dir = Path(ckpt_dir)
     meta = ckpt_dir / "trainer_state.json"
+    _no_links(ckpt_dir, ("trainer_state.json", "trainer_state.safetensors", "model.safetensors"))
     if not meta.is_file():
         if (ckpt_dir / "trainer_state.pt").exists():
             raise CheckpointError(f"{ckpt_dir}: pickled trainer_state.pt (older pofe) is refused: unpickling can run "
@@ -224,12 +231,25 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     return {"step": extra["step"], "state": extra.get("state", {})}
 
 
+def _no_links(folder: Path, names=()) -> None:
+    """Refuse a checkpoint folder (or a file of it) that is a symbolic link: a received run folder
+    could point it anywhere, and pruning or reading would then act outside the run."""
+    for p in (folder, *(folder / n for n in names)):
+        if p.is_symlink():
+            raise CheckpointError(f"{p}: is a symbolic link; checkpoints are never read, written or pruned "
+                                  f"through links")
+
+
 def _step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     root = Path(run_dir) / "checkpoints"
+    if root.is_symlink():
+        _no_links(root)
     if not root.is_dir():
         return []
     out = []
     for d in root.iterdir():
+        if d.name.startswith("step-") and d.is_symlink():
+            _no_links(d)
         if d.is_dir() and d.name.startswith("step-"):
             try:
                 out.append((int(d.name.split("-", 1)[1]), d))

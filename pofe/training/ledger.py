@@ -37,10 +37,12 @@ A resumed run moves rows written after its checkpoint to ``ledger.after-crash-*.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from pofe.runs import atomic_write_bytes, open_run_file
 from pofe.training.metrics import truncate_metrics
 
 ANNOTATION_STATUSES = ("trained", "identical", "unlabelled", "ties", "inconsistent", "low_margin", "ranking")
@@ -84,11 +86,13 @@ def resume_files(run_dir: Path, step: int, ledger_offset: int) -> None:
     (kept, never deleted); metrics rows after ``step`` are dropped (they will be recomputed
     identically)."""
     ledger = Path(run_dir) / "ledger.jsonl"
-    if ledger.exists() and ledger.stat().st_size > ledger_offset:
-        with open(ledger, "rb") as f:
-            f.seek(ledger_offset)
-            tail = f.read()
-        (Path(run_dir) / f"ledger.after-crash-{int(time.time())}.jsonl").write_bytes(tail)
-        with open(ledger, "rb+") as f:
-            f.truncate(ledger_offset)
+    if os.path.lexists(ledger):
+        # opened without following links: a planted ledger.jsonl link must not get another file truncated
+        fd = open_run_file(ledger, os.O_RDWR)
+        with os.fdopen(fd, "rb+") as f:
+            if os.fstat(f.fileno()).st_size > ledger_offset:
+                f.seek(ledger_offset)
+                tail = f.read()
+                atomic_write_bytes(Path(run_dir) / f"ledger.after-crash-{int(time.time())}.jsonl", tail)
+                f.truncate(ledger_offset)
     truncate_metrics(run_dir, step)

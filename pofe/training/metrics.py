@@ -11,6 +11,7 @@ plain names: mean_p, consistency_rate, mean_len, winrate_vs_init, time_*, *_pair
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -146,7 +147,7 @@ def truncate_metrics(run_dir: str | Path, step: int) -> None:
     """Drop ``metrics.jsonl`` rows after ``step`` (a resumed run recomputes them; never two
     rows for one step)."""
     metrics = Path(run_dir) / "metrics.jsonl"
-    if metrics.exists():
+    if os.path.lexists(metrics):  # a planted link is refused by read_jsonl, never followed
         keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
         atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
 

@@ -15,17 +15,17 @@ from pathlib import Path
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.runs import atomic_write_text, read_jsonl
+from pofe.runs import atomic_write_text, open_run_file, read_jsonl, read_run_bytes
 
 
 def rewind_metrics(path: str | Path, step: int) -> int:
     """Keep only the rows of ``path`` whose ``step`` is ≤ ``step``; returns how many were dropped."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):  # a planted link is refused by read_jsonl, never skipped or followed
         return 0
     rows = read_jsonl(path)
     keep = [r for r in rows if int(r.get("step", 0)) <= step]
-    if len(keep) != len(rows) or path.read_bytes()[-1:] not in (b"\n", b""):
+    if len(keep) != len(rows) or read_run_bytes(path)[-1:] not in (b"\n", b""):
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
     return len(rows) - len(keep)
 
@@ -34,11 +34,12 @@ def rewind_to_offset(path: str | Path, offset: int) -> int:
     """Truncate an append-only file to ``offset`` bytes (its size at the checkpoint); returns
     the number of bytes dropped."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return 0
-    size = path.stat().st_size
-    if size > offset:
-        with open(path, "rb+") as f:
+    fd = open_run_file(path, os.O_RDWR)  # never through a link: its target is not the run's
+    with os.fdopen(fd, "rb+") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > offset:
             f.truncate(offset)
             f.flush()
             os.fsync(f.fileno())

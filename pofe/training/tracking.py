@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pofe.config import PofeConfig
-from pofe.runs import JsonlWriter
+from pofe.runs import JsonlWriter, check_run_path
 
 
 class LogConfig(PofeConfig):
@@ -29,6 +29,7 @@ class MetricsSink:
         self.jsonl = JsonlWriter(Path(run_dir) / "metrics.jsonl")
         self.tb = self._wandb = self._mlflow = None
         if log.tensorboard is not False:
+            check_run_path(Path(run_dir) / "tensorboard")  # event files never go through a planted link
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -41,6 +42,7 @@ class MetricsSink:
                 import wandb as _wandb
             except ImportError:
                 raise RuntimeError("log.wandb is true but wandb is not installed: pip install wandb") from None
+            check_run_path(Path(run_dir) / "wandb")
             self._wandb = _wandb.init(project="pofe", name=Path(run_dir).name, config=config, dir=str(run_dir))
         if log.mlflow:
             try:
