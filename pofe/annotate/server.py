@@ -458,6 +458,8 @@ class AnnotateServer(ThreadingHTTPServer):
 def check_output(cfg: AnnotateConfig) -> None:
     """Refuse an output that is the pairs file or an existing file that is not an annotate
     log: opening it would append to (and repair the tail of) someone else's data."""
+    from pofe.outputs import guard_outputs
+
     out = Path(cfg.output)
     # samefile: the same file under another name too (a symlink or a hard link)
     if out.exists() and Path(cfg.pairs).exists() and os.path.samefile(out, cfg.pairs):
@@ -474,6 +476,8 @@ def check_output(cfg: AnnotateConfig) -> None:
         if not (isinstance(row, dict) and "event" in row and "annotator" in row):
             raise ValueError(f"output {cfg.output}:1 is not a pofe annotate log (no 'event'/'annotator'): "
                              "refusing to append to it")
+    # The one output guard as well: never inside a live run's folder, never under a file.
+    guard_outputs({"-o": cfg.output}, [cfg.pairs])
 
 
 def make_server(cfg: AnnotateConfig) -> AnnotateServer:
