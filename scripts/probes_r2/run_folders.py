@@ -102,11 +102,11 @@ def probes(P) -> list:
     out.append(P.cli("r2-run: the same folder with --trust-run-config", CLS,
                      "the setting is accepted; exit 1 naming the (closed) endpoint",
                      lambda c, d: ["label", "--resume", d / "runs" / "r", "--trust-run-config"], code=1,
-                     needles=("127.0.0.1:9",), setup=endpoint))
+                     needles=("127.0.0.1:9",), setup=endpoint, env={"OPENAI_API_KEY": "sk-probe"}))
     out.append(P.cli("r2-run: the same folder, URL repeated with --set", CLS,
                      "the setting comes from the command line; exit 1 naming the (closed) endpoint",
                      lambda c, d: ["label", "--resume", d / "runs" / "r", "--set", "judge.endpoint.base_url=http://127.0.0.1:9/v1"],
-                     code=1, needles=("127.0.0.1:9",), setup=endpoint))
+                     code=1, needles=("127.0.0.1:9",), setup=endpoint, env={"OPENAI_API_KEY": "sk-probe"}))
     out.append(P.cli("r2-run: the same folder, another URL with --set", CLS,
                      "exit 2: a resumed run keeps its config (the URL differs)",
                      lambda c, d: ["label", "--resume", d / "runs" / "r", "--set", "judge.endpoint.base_url=http://other:1/v1"],
