@@ -68,7 +68,7 @@ def test_bool_p_in_a_response_a_row_is_an_error(tmp_path):
 def test_huge_integer_p_is_a_clear_error_on_the_cli(tmp_path, digits):
     f = _jsonl(tmp_path / "prefs.jsonl", ['{"prompt": "Q?", "chosen": "a", "rejected": "bb", "p": 1%s}' % ("0" * digits)])
     line = _error(invoke("export", str(f), "--format", "trl", "-o", str(tmp_path / "out.jsonl")))
-    assert f"prefs.jsonl:1" in line
+    assert "prefs.jsonl:1" in line
     assert not (tmp_path / "out.jsonl").exists()
 
 
