@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from pofe.cli.common import JsonOpt, emit_json, fail
+from pofe.data.io import json_line
 
 PathOpt = typer.Option(None, "--path", help="Cache file (default: $POFE_HOME/judge-cache.sqlite).")
 
@@ -106,7 +107,7 @@ def register(app: typer.Typer) -> None:
         n = 0
         lines = []
         for e in c.iter_entries():
-            lines.append(json.dumps(e, ensure_ascii=False) + "\n")
+            lines.append(json_line(e) + "\n")
             n += 1
         c.close()
         try:

@@ -691,7 +691,7 @@ def calibration_set_hash(items: Sequence[CalibrationItem]) -> str:
     reports on the same pairs share it; one edited label changes it."""
     h = hashlib.sha256()
     for it in items:
-        h.update(json.dumps([it.prompt, it.response_a, it.response_b, it.label], ensure_ascii=False).encode("utf-8"))
+        h.update(json.dumps([it.prompt, it.response_a, it.response_b, it.label], ensure_ascii=False).encode("utf-8", "surrogatepass"))
         h.update(b"\n")
     return h.hexdigest()
 
@@ -838,14 +838,14 @@ def labels_identity(sources: Sequence[str | Path]) -> dict[str, Any]:
 def reward_model_identity(model_dir: str | Path) -> dict[str, Any]:
     """The judge behind a ``pofe rm`` model: the labels its run trained on (``RUN/config.yaml``
     ``data.train``), through :func:`labels_identity`."""
-    import yaml
+    from pofe.config import safe_yaml_load
 
     d = Path(model_dir)
     cfg_path = next((c / "config.yaml" for c in (d, d.parent) if (c / "config.yaml").is_file()), None)
     if cfg_path is None:
         raise AuditError(f"--require-audit: {model_dir} is not inside a pofe rm run folder (no config.yaml), so "
                          "the judge behind its labels is unknown", ["labels_unknown"])
-    train = ((yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("data") or {}).get("train") or []
+    train = ((safe_yaml_load(cfg_path.read_text(encoding="utf-8"), str(cfg_path)) or {}).get("data") or {}).get("train") or []
     return labels_identity([t if Path(t).is_absolute() or Path(t).exists() else cfg_path.parent / t for t in train])
 
 

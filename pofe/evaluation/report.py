@@ -130,9 +130,11 @@ def load_run(run_dir: str | Path) -> RunData:
     if (d / "config.yaml").exists():
         import yaml
 
+        from pofe.config import safe_yaml_load
+
         run.config_text = read_run_text(d / "config.yaml")
         try:
-            run.config = yaml.safe_load(run.config_text) or {}
+            run.config = safe_yaml_load(run.config_text, str(d / "config.yaml")) or {}  # bounded, strict
         except yaml.YAMLError:
             run.config = {}
     if (d / "summary.json").exists():

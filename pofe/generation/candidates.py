@@ -16,6 +16,7 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.generation.sampling import SamplingConfig, generate
 from pofe.runs import JsonlWriter, atomic_write_text, read_jsonl
+from pofe.data.io import json_line
 
 
 class CandidateSettings(PofeConfig):
@@ -38,7 +39,7 @@ def scored_candidates(path: Path, prompts: Sequence[str], policy, tokenizer, jud
 
     done = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("index") is not None]
     if path.exists():  # drop a torn last line before appending
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
+        atomic_write_text(path, "".join(json_line(r) + "\n" for r in done))
     with JsonlWriter(path) as w:
         n = cfg.n
         for start in range(len(done), len(prompts), cfg.chunk):

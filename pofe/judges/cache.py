@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pofe.judges.config import CacheConfig
+from pofe.data.io import json_line
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,9 @@ def default_cache_path() -> Path:
 def cache_key(*parts: Any) -> str:
     """Stable sha256 of JSON-encoded parts (order matters: (A, B) != (B, A))."""
     blob = json.dumps(parts, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate in a judged text must not crash the key; every other
+    # text hashes exactly as before, so existing caches stay valid.
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class JudgeCache:
@@ -95,7 +98,7 @@ class JudgeCache:
         is not writable: the caller carries on uncached)."""
         if not items or not self.writable:
             return 0
-        rows = [(k, json.dumps(v, ensure_ascii=False), time.time()) for k, v in items]
+        rows = [(k, json_line(v), time.time()) for k, v in items]
         with self._lock:
             try:
                 self._conn.executemany("INSERT OR REPLACE INTO judge_cache (key, value, created) VALUES (?, ?, ?)", rows)

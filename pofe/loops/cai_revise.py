@@ -38,6 +38,7 @@ from pofe.records import PreferencePair
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, fault_point
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
+from pofe.data.io import json_line
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
     rows = read_jsonl(run_dir / "revisions.jsonl") if resume is not None and (run_dir / "revisions.jsonl").exists() else []
     done_chunks = len({r["chunk"] for r in rows if r.get("chunk_complete")})
     rows = [r for r in rows if r["chunk"] < done_chunks]  # a partly written chunk is redone
-    atomic_write_text(run_dir / "revisions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(run_dir / "revisions.jsonl", "".join(json_line(r) + "\n" for r in rows))
     # Every complete chunk gets its metrics row exactly once: a kill between a chunk's last
     # revision and its metrics row would otherwise lose that row for good.
     repair_metrics(run_dir / "metrics.jsonl",
@@ -260,9 +261,9 @@ def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, t
         helpful_rows = [{"prompt": e.prompt if isinstance(e.prompt, str) else list(e.prompt), "response": e.response,
                          "source": "helpful"} for e in load_examples(cfg.helpful_data, limit=max(4 * want, want))]
     sft = mix_sft(cai_rows, helpful_rows, cfg.helpful_ratio if helpful_rows else 0.0, seed=cfg.seed)
-    atomic_write_text(run_dir / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sft))
+    atomic_write_text(run_dir / "sft.jsonl", "".join(json_line(r) + "\n" for r in sft))
     pairs = preference_pairs(traces, constitution)
-    atomic_write_text(run_dir / "preferences.jsonl", "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in pairs))
+    atomic_write_text(run_dir / "preferences.jsonl", "".join(json_line(p.to_dict()) + "\n" for p in pairs))
     principle_counts: dict[str, int] = {}
     for t in traces:
         for r in t.rounds:

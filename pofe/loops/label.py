@@ -50,6 +50,7 @@ from pofe.records import Judgment, PreferencePair
 from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training import ModelConfig, fault_point
 from pofe.training.tracking import LogConfig, MetricsSink, Progress
+from pofe.data.io import json_line
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ def repair_metrics(path: Path, batches: Sequence[tuple[int, Any]], make_row) -> 
         kept[s] = make_row(s, want[s])
     rows = [kept[s] for s in sorted(kept)]
     if rows != old or (path.exists() and path.read_bytes()[-1:] not in (b"\n", b"")):
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(path, "".join(json_line(r) + "\n" for r in rows))
     if rebuilt:
         log.info("%s: wrote the metrics row of step(s) %s, whose rows were written before the run stopped",
                  path, ", ".join(map(str, rebuilt)))
@@ -313,7 +314,7 @@ def prepare_pairs(cfg: LabelConfig, run_dir: Path, *, policy=None, tokenizer=Non
 
             policy, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         pairs = sample_pairs(policy, tokenizer, prompts, cfg.sampling, cfg.seed)
-    atomic_write_text(saved, "".join(json.dumps({"prompt": x, "response_a": a, "response_b": b}, ensure_ascii=False) + "\n"
+    atomic_write_text(saved, "".join(json_line({"prompt": x, "response_a": a, "response_b": b}) + "\n"
                                      for x, a, b in pairs))
     return pairs
 
@@ -352,9 +353,9 @@ def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, toke
     if len(rows) < len(pairs):
         rows = rows[: len(rows) // cfg.batch_size * cfg.batch_size]
     done = len(rows)
-    atomic_write_text(run_dir / "labels.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(run_dir / "labels.jsonl", "".join(json_line(r) + "\n" for r in rows))
     prefs = [to_preference(r) for r in rows if r.get("dropped") is None]
-    atomic_write_text(run_dir / "preferences.jsonl", "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n"
+    atomic_write_text(run_dir / "preferences.jsonl", "".join(json_line(q.to_dict()) + "\n"
                                                              for q in prefs if q is not None))
     n_batches = -(-len(pairs) // cfg.batch_size)
     # Every batch whose rows are all written gets its metrics row exactly once: a kill between

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pofe.runs import atomic_write_text
+from pofe.data.io import json_line
 
 
 def stage_seed(seed: int, *parts: Any) -> int:
@@ -26,7 +27,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def write_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(path, "".join(json_line(r) + "\n" for r in rows))
 
 
 def free(*objs) -> None:
