@@ -52,7 +52,10 @@ def _keep_typed_name(sets: list[str]) -> list[str]:
     out = []
     for text in sets:
         key, eq, raw = text.partition("=")
-        out.append(f"run.name={json.dumps(raw)}" if eq and key.strip() == "run.name" else text)
+        v = raw.strip()
+        as_yaml = v in ("null", "Null", "NULL", "~") or (len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"")
+        # null (the default name) and an explicitly quoted YAML string keep their YAML meaning
+        out.append(f"run.name={json.dumps(raw)}" if eq and key.strip() == "run.name" and not as_yaml else text)
     return out
 
 

@@ -119,6 +119,10 @@ def select_checkpoint(it_dir: Path, final: Path, cfg: SelectionSettings, *, load
         best = len(options) - 1
         results = [{"step": last, "final": True, "note": "selection disabled or nothing to choose from"}]
     step, ckpt = options[best]
+    from pofe.runs import check_run_path
+
+    check_run_path(model_dir)  # a planted iter_t/model link must not receive the copy
+    check_run_path(ckpt_root)  # nor a linked iter_t/dpo get its checkpoints pruned below
     if ckpt is None:
         shutil.copytree(final, model_dir, dirs_exist_ok=True)
     else:

@@ -389,6 +389,13 @@ def test_run_name_is_the_text_typed(tmp_path, typed):
     assert yaml.safe_load(res.stdout)["run"]["name"] == typed
 
 
+@pytest.mark.parametrize("typed, name", [("null", None), ("'2024-12-01'", "2024-12-01"), ('"007"', "007")])
+def test_run_name_null_and_quoted_keep_their_yaml_meaning(typed, name):
+    res = invoke("label", "--set", f"run.name={typed}", "--set", "judge.kind=length", "--print-config")
+    assert res.returncode == 0, res.stderr[-1000:]
+    assert yaml.safe_load(res.stdout)["run"]["name"] == name
+
+
 def test_run_name_from_yaml_date_or_int(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("judge: {kind: length}\nrun: {name: 2024-12-01}\n")
@@ -405,3 +412,23 @@ def test_run_name_with_control_characters_is_refused(tmp_path, bad):
     assert res.returncode == 2
     _one_line(res, "run.name", "control characters")
     assert not (tmp_path / "runs").exists()
+
+
+def test_self_reward_model_copy_never_goes_through_a_planted_link(tmp_path):
+    """The selected model is copied to ``iter_t/model``: a planted link there got the copy."""
+    from pofe.evaluation.self_reward import SelectionSettings, select_checkpoint
+    from pofe.runs import guard_run_dir
+
+    run_dir = tmp_path / "runs" / "r"
+    (run_dir / "iter_1").mkdir(parents=True)
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_text("weights")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run_dir / "iter_1" / "model").symlink_to(outside, target_is_directory=True)
+    guard_run_dir(run_dir)
+    with pytest.raises(RunError, match="model: is a symbolic link"):
+        select_checkpoint(run_dir / "iter_1", final, SelectionSettings(enabled=False), load=None, respond=None,
+                          judge=None, prompts=[], previous=[])
+    assert list(outside.iterdir()) == []
