@@ -133,22 +133,28 @@ def test_resume_refuses_an_endpoint_url_from_the_folder_unless_confirmed(tmp_pat
 
 
 def test_untrusted_settings_finds_every_code_running_key():
-    """Nested judges (rl reward and monitor, eval judges), backends and models: every callable,
-    every trust_remote_code: true, and only the endpoint URLs that are used."""
+    """Nested judges (rl reward and monitor, online eval judge), backends and models: every
+    callable, every trust_remote_code: true, and only the endpoint URLs that are used."""
+    from pofe.loops.online import OnlineConfig
     from pofe.loops.rl import RLConfig
     from pofe.runs import untrusted_settings
 
     cfg = RLConfig.model_validate({
         "model": {"trust_remote_code": True},
         "reward": {"kind": "judge", "judge": {"kind": "callable", "callable": "mymod.sub:score"}},
-        "monitor": {"kind": "judge", "judge": {"kind": "expected-score", "backend": "openai", "trust_remote_code": True,
+        "monitor": {"kind": "judge", "judge": {"kind": "expected-score", "backend": "openai",
                                                "endpoint": {"base_url": "http://judge:8000/v1"}}}})
     assert untrusted_settings(cfg) == [
         ("model.trust_remote_code", True), ("reward.judge.callable", "mymod.sub:score"),
-        ("monitor.judge.trust_remote_code", True), ("monitor.judge.endpoint.base_url", "http://judge:8000/v1")]
-    # the same pointwise judge on the transformers backend never talks to its endpoint
-    quiet = RLConfig.model_validate({"monitor": {"kind": "judge", "judge": {
-        "kind": "expected-score", "endpoint": {"base_url": "http://x:1/v1"}}}})
+        ("monitor.judge.endpoint.base_url", "http://judge:8000/v1")]
+    online = OnlineConfig.model_validate({
+        "judge": {"kind": "openai", "endpoint": {"base_url": "http://a:1/v1"}},
+        "eval": {"judge": {"kind": "reward-model", "reward_model": "some/rm", "trust_remote_code": True}}})
+    assert untrusted_settings(online) == [("judge.endpoint.base_url", "http://a:1/v1"),
+                                          ("eval.judge.trust_remote_code", True)]
+    # a pointwise judge on the transformers backend never talks to its endpoint section
+    quiet = {"monitor": {"kind": "judge", "judge": {"kind": "expected-score", "backend": "transformers",
+                                                    "endpoint": {"base_url": "http://x:1/v1"}}}}
     assert untrusted_settings(quiet) == []
 
 
