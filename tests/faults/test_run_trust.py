@@ -6,7 +6,6 @@ bad-input error leaves no run folder, and ``run.name`` is the text that was type
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
