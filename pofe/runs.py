@@ -521,7 +521,9 @@ class JsonlWriter:
         self._f = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(_clean(row), ensure_ascii=False) + "\n")
+        from pofe.data.io import json_line
+
+        self._f.write(json_line(_clean(row)) + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -539,15 +541,17 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     resume or report: a torn last line is what a crash mid-write leaves, so it is skipped;
     any other bad line is an error. Never use this for inputs -- a user's file with a bad
     last line must be a located error: use :func:`pofe.data.io.read_rows`."""
+    from pofe.data.io import is_blank_line, iter_jsonl_lines
+
     rows = []
-    lines = read_run_text(path).splitlines() if check_run_path(path) else Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+    text = read_run_text(path) if check_run_path(path) else Path(path).read_text(encoding="utf-8")
+    # Split on "\n" only: str.splitlines also splits on U+2028 / U+0085 inside a JSON string.
+    lines = [(i, ln) for i, ln in iter_jsonl_lines(text) if not is_blank_line(ln)]
+    for k, (i, line) in enumerate(lines):
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
+        except (json.JSONDecodeError, RecursionError, ValueError) as e:
+            if k == len(lines) - 1:  # the torn tail of a crash mid-write
                 break
-            raise ValueError(f"{path}:{i + 1}: invalid JSON ({e.msg})") from None
+            raise ValueError(f"{path}:{i}: invalid JSON ({getattr(e, 'msg', type(e).__name__)})") from None
     return rows

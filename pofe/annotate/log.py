@@ -90,7 +90,7 @@ class AnnotatorLock:
         self.path = real.parent / name
         real.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -139,7 +139,7 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
         # Read access too: the tail is checked with pread before each append.
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
         if created:  # make the new directory entry durable too
             dfd = os.open(self.path.parent, os.O_RDONLY)
             try:

@@ -25,6 +25,7 @@ the winner, and a soft loss is unchanged by the swap (BCE(-d, 1 - p) = BCE(d, p)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +49,13 @@ def find_pair_file(source: str | Path) -> Path:
         return src  # a pair file, or a datasets save_to_disk folder of pairs
     if not src.is_dir():
         raise DataError(f"{source}: no such run folder or file")
+    from pofe.runs import check_run_path, guard_run_dir
+
+    # A run folder is someone's data: its pair file is never read through a planted link.
+    guard_run_dir(src)
     for name in PAIR_FILES:
+        if os.path.lexists(src / name):
+            check_run_path(src / name)
         if (src / name).is_file():
             return src / name
     raise DataError(f"{source}: no pair file in this run folder (looked for {', '.join(PAIR_FILES)})")

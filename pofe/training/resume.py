@@ -8,7 +8,6 @@ resumed run recomputes them identically (every step reseeds from ``(seed, step)`
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from pydantic import Field
 
 from pofe.config import PofeConfig
 from pofe.runs import atomic_write_text, open_run_file, read_jsonl, read_run_bytes
+from pofe.data.io import json_lines
 
 
 def rewind_metrics(path: str | Path, step: int) -> int:
@@ -26,7 +26,7 @@ def rewind_metrics(path: str | Path, step: int) -> int:
     rows = read_jsonl(path)
     keep = [r for r in rows if int(r.get("step", 0)) <= step]
     if len(keep) != len(rows) or read_run_bytes(path)[-1:] not in (b"\n", b""):
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+        atomic_write_text(path, json_lines(keep))
     return len(rows) - len(keep)
 
 

@@ -153,16 +153,12 @@ def test_judge_verdicts_round_trip_to_export_and_preferences(tmp_path):
     _check_export(tmp_path, out, WRITE_SAFE)
 
 
-@pytest.mark.xfail(strict=True, reason="pofe.runs.JsonlWriter.write serialises with json.dumps(ensure_ascii=False): "
-                                       "a lone surrogate cannot be encoded; it must use pofe.data.io.json_line")
 def test_judge_verdicts_round_trip_lone_surrogates(tmp_path):
     texts = {k: v for k, v in HOSTILE.items() if "surrogate" in k}
     out = _judge(tmp_path, texts)
     _check_verdicts(out, texts)
 
 
-@pytest.mark.xfail(strict=True, reason="pofe.runs.JsonlWriter.write leaves U+2028 / U+0085 raw (json.dumps "
-                                       "ensure_ascii=False); it must use pofe.data.io.json_line")
 def test_judge_verdicts_are_one_line_per_row_for_any_line_splitter(tmp_path):
     out = _judge(tmp_path, WRITE_SAFE)
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(WRITE_SAFE)
