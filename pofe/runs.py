@@ -288,7 +288,8 @@ def open_run(run: RunConfig, command: str, *, resume: str | Path | None = None) 
 
 # ----------------------------------------------------------------------------- run.json
 
-def _sha256(path: str | Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (inputs may be multi-GB)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -333,7 +334,7 @@ def write_manifest(run_dir: str | Path, cfg: BaseModel) -> Path:
     from pofe import __version__
 
     run_dir = Path(run_dir)
-    inputs = [{"key": k, "path": p, "sha256": _sha256(os.path.expanduser(p)),
+    inputs = [{"key": k, "path": p, "sha256": file_sha256(os.path.expanduser(p)),
                "bytes": os.path.getsize(os.path.expanduser(p))} for k, p in input_files(cfg)]
     manifest = {"format": 1, "pofe_version": __version__, "command": _COMMANDS.get(os.path.abspath(run_dir)),
                 "config_sha256": hashlib.sha256(read_run_bytes(run_dir / "config.yaml")).hexdigest(),
@@ -383,7 +384,7 @@ def verify_run_folder(run_dir: str | Path, *, again: bool = True) -> None:
         if not os.path.isfile(full):
             raise RunError(f"--resume {run_dir}: input {k} = {p} no longer exists; the run cannot continue on "
                            f"the data it started with (start a new run)")
-        if _sha256(full) != h:
+        if file_sha256(full) != h:
             raise RunError(f"--resume {run_dir}: input {k} = {p} changed since the run started (sha256 differs "
                            f"from {MANIFEST}); resuming would mix two datasets in one run: start a new run")
     _VERIFIED.add(key)
@@ -408,8 +409,9 @@ def untrusted_settings(cfg: BaseModel | dict) -> list[tuple[str, Any]]:
         if isinstance(node, dict):
             for k, v in node.items():
                 sub = f"{key}.{k}" if key else str(k)
-                if k in ("callable", "function", "import_path") and isinstance(v, str) and ":" in v \
-                        and v.partition(":")[0].replace(".", "").replace("_", "").isalnum():
+                # Import paths are 'module:function' (the only form pofe imports); built-in
+                # names such as reward.function=length have no colon. Flag any colon, whatever else.
+                if k in ("callable", "function", "import_path") and isinstance(v, str) and ":" in v:
                     found.append((sub, v))
                 elif k == "trust_remote_code" and v is True:
                     found.append((sub, v))

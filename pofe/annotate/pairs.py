@@ -141,9 +141,3 @@ def load_pairs(path: str | Path) -> tuple[list[AnnotationPair], dict[str, int]]:
     return pairs, skipped
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

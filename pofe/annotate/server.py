@@ -39,7 +39,8 @@ from urllib.parse import urlsplit
 from pydantic import field_validator
 
 from pofe.annotate.log import FULL_DISK, AnnotatorLock, EventLog, LogWriteError, json_text
-from pofe.annotate.pairs import AnnotationPair, file_sha256, load_pairs, shown_swapped, subset
+from pofe.annotate.pairs import AnnotationPair, load_pairs, shown_swapped, subset
+from pofe.runs import file_sha256
 from pofe.config import PofeConfig
 from pofe.data.prompts import DataError
 
