@@ -141,6 +141,24 @@ class JudgeScoreReward(RewardFn):
         return vals, {"score_distribution": score_distribution(scores)}
 
 
+class PairwiseTournamentReward(RewardFn):
+    """A pairwise judge's tournament among each prompt's samples as the reward
+    (:mod:`pofe.training.tournament`): mean soft win score or per-group Bradley–Terry
+    strength; unreadable comparisons masked and counted. ``info["metrics"]`` holds the
+    ``reward/...`` numbers of the call (judge calls per group, unreadable, ties, BT spread)."""
+
+    def __init__(self, judge, **settings):
+        from pofe.training.tournament import Tournament
+
+        self.tournament = Tournament(judge, **settings)
+        self.judge = self.tournament.judge
+        self.id = self.tournament.id
+
+    def __call__(self, prompts, completions):
+        rewards, metrics = self.tournament(list(prompts), [c.text for c in completions])
+        return rewards, {"metrics": metrics}
+
+
 class CallableReward(RewardFn):
     """Wrap a Python ``f(prompt, completion) -> float | None`` (library use and tests)."""
 
