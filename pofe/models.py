@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pofe.paths import pofe_home
+
 if TYPE_CHECKING:
     import torch
 
@@ -80,10 +82,6 @@ def _torch_dtype(dtype: Any):
         raise ModelError(f"unknown dtype {dtype!r}; one of {sorted(_DTYPES)}")
     name = _DTYPES[dtype]
     return "auto" if name == "auto" else getattr(torch, name)
-
-
-def pofe_home() -> Path:
-    return Path(os.environ.get("POFE_HOME", Path.home() / ".cache" / "pofe"))
 
 
 def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:

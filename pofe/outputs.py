@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from pofe.data.io import DataError
+from pofe.paths import default_judge_cache_path
 
-__all__ = ["guard_outputs", "live_run_holding", "judge_inputs"]
+__all__ = ["check_output", "guard_outputs", "live_run_holding", "judge_inputs"]
 
 
 def _ident(path: Path) -> tuple[int, int] | None:
@@ -161,7 +162,11 @@ def judge_inputs(judge: Any) -> list[str]:
         if cache.path:
             out.append(cache.path)
         else:
-            from pofe.judges.cache import default_cache_path
-
-            out.append(str(default_cache_path()))
+            out.append(str(default_judge_cache_path()))
     return out
+
+
+def check_output(output: str | Path | None, inputs: list[str | Path | None], *, flag: str = "-o") -> None:
+    """Refuse an output path that is a folder, that is (or links to) one of the inputs, or that
+    lies inside a live run's folder: :func:`guard_outputs` with one output."""
+    guard_outputs({flag: output}, inputs)

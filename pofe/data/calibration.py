@@ -34,17 +34,15 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 import numpy as np
 
 from pofe.data.io import DataError, json_line, read_located
-from pofe.data.preferences import check_one_shape, to_pair
+from pofe.data.preferences import Label, check_one_shape, normalise_label, to_pair
 from pofe.data.prompts import to_prompt
 
 log = logging.getLogger(__name__)
-
-Label = Literal["A", "B", "tie"]
 
 
 @dataclass(frozen=True)
@@ -58,25 +56,6 @@ class CalibrationItem:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def normalise_label(value: Any, where: str) -> Label:
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("a", "1"):
-            return "A"
-        if v in ("b", "2"):
-            return "B"
-        if v in ("tie", "t", "0.5", "equal"):
-            return "tie"
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value == 1:
-            return "A"
-        if value == 2:
-            return "B"
-        if value == 0.5:
-            return "tie"
-    raise ValueError(f"{where}: label must be 'A', 'B' or 'tie' (or 1/2 as in LLMBar, 0.5 for a tie); got {value!r}")
 
 
 def detect_format(record: dict[str, Any]) -> str:

@@ -507,11 +507,3 @@ def read_rows(source: str | Path, *, split: str | None = None, skip_bad_rows: bo
     rows = read_located(source, split=split, skip_bad_rows=skip_bad_rows)
     rows.report()
     return [r for _, r in rows]
-
-
-def check_output(output: str | Path | None, inputs: list[str | Path | None], *, flag: str = "-o") -> None:
-    """Refuse an output path that is a folder, that is (or links to) one of the inputs, or that
-    lies inside a live run's folder: :func:`pofe.outputs.guard_outputs` with one output."""
-    from pofe.outputs import guard_outputs
-
-    guard_outputs({flag: output}, inputs)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pofe.data.chat import check_messages, hh_messages, is_hh_transcript, transcript
 from pofe.data.io import DataError, number, read_located
@@ -60,10 +60,32 @@ def check_one_shape(row: dict[str, Any], where: str) -> None:
                         "one pair of responses per row (drop the other fields)")
 
 
+# A human label of a pair; read here (not in pofe.data.calibration, which builds on this module)
+# because preference rows may carry one instead of ``p``.
+Label = Literal["A", "B", "tie"]
+
+
+def normalise_label(value: Any, where: str) -> Label:
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("a", "1"):
+            return "A"
+        if v in ("b", "2"):
+            return "B"
+        if v in ("tie", "t", "0.5", "equal"):
+            return "tie"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value == 1:
+            return "A"
+        if value == 2:
+            return "B"
+        if value == 0.5:
+            return "tie"
+    raise ValueError(f"{where}: label must be 'A', 'B' or 'tie' (or 1/2 as in LLMBar, 0.5 for a tie); got {value!r}")
+
+
 def _human_p(label: Any, where: str) -> float:
     """P(response_a better) from a human label (A/B/tie, LLMBar's 1/2)."""
-    from pofe.data.calibration import normalise_label
-
     try:
         return {"A": 1.0, "B": 0.0, "tie": 0.5}[normalise_label(label, where)]
     except ValueError as e:

@@ -874,15 +874,11 @@ def self_reward_identity(judge_cfg, model_name: str) -> dict[str, Any]:
 def gate(report_path: str | Path | None, identity: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
     """The one call a CLI command makes for ``--require-audit`` (before any model loads):
     nothing without a report; else :func:`require_audit` for ``identity`` (a dict, or a
-    function computing it, e.g. from the label files) or exit 2 with its one-line reason."""
+    function computing it, e.g. from the label files). A refusal is an :class:`AuditError`,
+    which the CLI prints as one line with exit status 2 (library code never exits itself)."""
     if report_path is None:
         return
-    try:
-        require_audit(report_path, identity() if callable(identity) else identity)
-    except AuditError as e:
-        from pofe.cli.common import fail
-
-        fail(str(e))
+    require_audit(report_path, identity() if callable(identity) else identity)
 
 
 def format_audit(report: dict[str, Any]) -> str:

@@ -27,6 +27,8 @@ import numpy as np
 from scipy.optimize import isotonic_regression, minimize_scalar
 from scipy.special import expit, logit
 
+from pofe.evaluation.stats import wilson_interval
+
 _EPS = 1e-6
 
 
@@ -59,8 +61,6 @@ def brier(p: Sequence[float], y: Sequence[float]) -> float | None:
 
 def reliability(p: Sequence[float], y: Sequence[float], bins: int = 10) -> list[dict[str, Any]]:
     """Reliability-diagram rows: per bin of p, n, mean p and the share of human A labels."""
-    from pofe.evaluation.winrate import wilson_interval
-
     p, y = _arrays(p, y)
     idx = np.clip((p * bins).astype(int), 0, bins - 1)
     rows = []

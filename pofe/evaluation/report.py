@@ -340,7 +340,7 @@ def _iteration_bars(run: RunData, max_panels: int = 16) -> tuple[bytes, str] | N
 
 
 def _wilson(k: float, n: int) -> tuple[float, float]:
-    from pofe.evaluation.winrate import wilson_interval
+    from pofe.evaluation.stats import wilson_interval
 
     return wilson_interval(k, n)
 

@@ -1,5 +1,6 @@
 """Small statistics shared by audit, eval and sim: a soft-target logistic regression,
-rank correlation and a percentile bootstrap.
+rank correlation, the Wilson score interval and a percentile bootstrap. This is the bottom of
+pofe.evaluation: win rates, calibration, reports and the audit all build on it.
 
 Why not scikit-learn: these fits have 2 to 14 parameters and need soft targets (a judge's
 p as the label, rlaif-constitutional-ai "soft BT loss"), which is one ``scipy.optimize``
@@ -8,6 +9,7 @@ call with an analytic gradient.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +103,34 @@ def spearman(a, b) -> float | None:
     return pearson(rankdata(a), rankdata(b))
 
 
+_Z95 = 1.959963984540054  # scipy.stats.norm.ppf(0.975)
+
+
+def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``successes / n`` (``successes`` may be a
+    half-integer: ties count one half).
+
+    ``n = 0`` gives (0, 1): no data rules nothing out. Hand values: 12 of 12 -> (0.7575, 1);
+    1 of 1 -> (0.2065, 1); 0 of 1 -> (0, 0.7935).
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    if level == 0.95:
+        z = _Z95
+    else:
+        from scipy.stats import norm
+
+        z = float(norm.ppf(0.5 + level / 2))
+    p = min(1.0, max(0.0, successes / n))
+    z2 = z * z
+    den = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / den
+    # The interval always holds its own point: at 0 or n successes the bound is exactly 0 or 1
+    # (in floats centre + half can land at 1 - 1e-16, and a plot's error bar went negative).
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
+
+
 def bootstrap_ci(
     values: np.ndarray, statistic=np.mean, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
@@ -108,15 +138,13 @@ def bootstrap_ci(
 
     The mean of values in [0, 1] (a rate; ties as 1/2) gets the Wilson score interval
     instead: a percentile bootstrap of 12 wins in 12 resamples nothing but wins and prints
-    [1.000, 1.000], while Wilson gives [0.757, 1.0] (``winrate.wilson_interval``). With no
+    [1.000, 1.000], while Wilson gives [0.757, 1.0] (:func:`wilson_interval`). With no
     rows the interval is (0, 1).
     """
     values = np.asarray(values)
     n = len(values)
     if statistic is np.mean and (n == 0 or (np.issubdtype(values.dtype, np.number) and values.ndim == 1
                                             and np.all((values >= 0) & (values <= 1)))):
-        from pofe.evaluation.winrate import wilson_interval
-
         return wilson_interval(float(values.sum()) if n else 0.0, n, level)
     if n == 0:
         return (float("nan"), float("nan"))

@@ -24,15 +24,13 @@ these functions, so their numbers are comparable.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pofe.evaluation.stats import fit_logistic
+from pofe.evaluation.stats import fit_logistic, wilson_interval
 
 WIN, TIE, LOSS = 1, 0, -1
-_Z95 = 1.959963984540054  # scipy.stats.norm.ppf(0.975)
 
 
 # --------------------------------------------------------------------------- tie rule
@@ -64,30 +62,8 @@ def outcome_value(o: int) -> float:
 
 # --------------------------------------------------------------------------- intervals
 
-
-def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``successes / n`` (``successes`` may be a
-    half-integer: ties count one half).
-
-    ``n = 0`` gives (0, 1): no data rules nothing out. Hand values: 12 of 12 -> (0.7575, 1);
-    1 of 1 -> (0.2065, 1); 0 of 1 -> (0, 0.7935).
-    """
-    if n <= 0:
-        return (0.0, 1.0)
-    if level == 0.95:
-        z = _Z95
-    else:
-        from scipy.stats import norm  # scipy on use: importing this module stays cheap for the CLI
-
-        z = float(norm.ppf(0.5 + level / 2))
-    p = min(1.0, max(0.0, successes / n))
-    z2 = z * z
-    den = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / den
-    # The interval always holds its own point: at 0 or n successes the bound is exactly 0 or 1
-    # (in floats centre + half can land at 1 - 1e-16, and a plot's error bar went negative).
-    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
+# wilson_interval lives in pofe.evaluation.stats (below calibration, report and audit, which use
+# it too) and is imported above, so it stays importable from here.
 
 
 # --------------------------------------------------------------------------- counting
@@ -117,7 +93,7 @@ def judge_pairs(judge, prompts: Sequence[str], resp_a: Sequence[str], resp_b: Se
     swapped, so every pair is judged both ways. Pointwise judges are wrapped (equal scores
     = 0.5).
     """
-    from pofe.evaluation.audit import as_pairwise
+    from pofe.judges.base import as_pairwise
 
     judge = as_pairwise(judge)
     kw = {"references": list(references)} if references is not None else {}

@@ -1,16 +1,17 @@
 """Sampling from a policy: one entry point (:func:`generate`), two engines (``hf``:
 transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with training).
 
-``generate``/``HFGenerator`` are imported on first use, so that configs which embed a
-``SamplingConfig`` (judge configs, every command's config) validate without importing torch."""
+``generate``/``HFGenerator``/``make_generator``/``ENGINES`` are imported on first use, so that
+configs which embed a ``SamplingConfig`` (judge configs, every command's config) validate
+without importing torch."""
 
-from pofe.generation.base import ENGINES, Generator, HFSettings, SamplingConfig, VLLMSettings, make_generator
+from pofe.generation.base import Generator, HFSettings, SamplingConfig, VLLMSettings
 
 __all__ = ["ENGINES", "Generator", "HFSettings", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]
 
 
 def __getattr__(name: str):
-    if name in ("HFGenerator", "generate"):
+    if name in ("ENGINES", "HFGenerator", "generate", "make_generator"):
         from pofe.generation import sampling
 
         return getattr(sampling, name)

@@ -1,8 +1,10 @@
 """The generation plug point: a :class:`Generator` turns prompts + a :class:`SamplingConfig`
 into completions (token ids always, per-token log-probs on request). Engines are a plain
-name -> class mapping (:data:`ENGINES`); ``sampling.engine`` picks one, so every command that
-samples (online, rl, self-reward, label, cai revise, eval, chat) switches engine through the
-same entry point, :func:`pofe.generation.generate`.
+name -> class mapping (:data:`pofe.generation.sampling.ENGINES`, next to the ``hf`` engine:
+this module holds only the settings and the protocol, which both engines import);
+``sampling.engine`` picks one, so every command that samples (online, rl, self-reward, label,
+cai revise, eval, chat) switches engine through the same entry point,
+:func:`pofe.generation.generate`.
 
 Both engines share one sampling semantics: ``temperature`` (0 = greedy, n identical
 samples), nucleus ``top_p`` with no top-k cut, ``max_new_tokens``, stop at (and keep) the
@@ -129,28 +131,3 @@ class Generator(Protocol):
     def bind(cls, model, tokenizer, sampling: SamplingConfig) -> Generator:
         """The generator of ``model`` (an engine may keep one per model across calls)."""
         ...
-
-
-def _hf():
-    from pofe.generation.sampling import HFGenerator
-
-    return HFGenerator
-
-
-def _vllm():
-    from pofe.generation.vllm import VLLMGenerator
-
-    return VLLMGenerator
-
-
-# name -> class (behind a function only so that `import pofe` never imports vllm).
-ENGINES = {"hf": _hf, "vllm": _vllm}
-
-
-def make_generator(model, tokenizer, sampling: SamplingConfig) -> Generator:
-    """The engine ``sampling.engine`` bound to ``model`` (the weights it samples from)."""
-    try:
-        cls = ENGINES[sampling.engine]()
-    except KeyError:
-        raise ValueError(f"unknown generation engine {sampling.engine!r}; choose one of {sorted(ENGINES)}") from None
-    return cls.bind(model, tokenizer, sampling)

@@ -12,14 +12,10 @@ from collections.abc import Sequence
 import torch
 
 from pofe.generation.base import Generator, SamplingConfig, VLLMSettings
-from pofe.models import apply_chat_template
+from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
 
-__all__ = ["Generator", "HFGenerator", "SamplingConfig", "VLLMSettings", "generate"]
-
-
-def _render(tokenizer, prompt) -> str:
-    return apply_chat_template(tokenizer, prompt)
+__all__ = ["ENGINES", "Generator", "HFGenerator", "SamplingConfig", "VLLMSettings", "generate", "make_generator"]
 
 
 def generate(
@@ -38,8 +34,6 @@ def generate(
     ``chat_template=False``: string prompts are raw completion prompts (tokenised as is, with
     the tokenizer's own special tokens), e.g. a few-shot list the model should continue
     rather than answer (Self-Instruct)."""
-    from pofe.generation.base import make_generator
-
     sampling = sampling or SamplingConfig()
     return make_generator(model, tokenizer, sampling).generate(prompts, n, sampling, seed, chat_template=chat_template)
 
@@ -146,22 +140,26 @@ def half_precision_copy(model, dtype: torch.dtype):
     return half
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    gc = getattr(model, "generation_config", None)
-    e = getattr(gc, "eos_token_id", None) if gc is not None else None
-    for x in (e if isinstance(e, (list, tuple)) else [e]):
-        if x is not None:
-            ids.add(int(x))
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return sorted(ids)
+def _hf():
+    return HFGenerator
 
 
-def _cut_at_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> tuple[list[int], bool]:
-    """Keep tokens up to and including the first EOS (the EOS is part of the response's
-    likelihood: it is what makes a short answer short). Returns (ids, finished)."""
-    for k, t in enumerate(ids):
-        if t in eos_ids:
-            return ids[: k + 1], True
-    return ids, False
+def _vllm():
+    from pofe.generation.vllm import VLLMGenerator
+
+    return VLLMGenerator
+
+
+# name -> class (behind a function only so that importing this module never imports vllm). The
+# table lives with the hf engine, above both engines: the vllm engine builds on the shared
+# helpers below it (pofe.generation.tokens), never on this module.
+ENGINES = {"hf": _hf, "vllm": _vllm}
+
+
+def make_generator(model, tokenizer, sampling: SamplingConfig) -> Generator:
+    """The engine ``sampling.engine`` bound to ``model`` (the weights it samples from)."""
+    try:
+        cls = ENGINES[sampling.engine]()
+    except KeyError:
+        raise ValueError(f"unknown generation engine {sampling.engine!r}; choose one of {sorted(ENGINES)}") from None
+    return cls.bind(model, tokenizer, sampling)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from pofe.generation.base import SamplingConfig, VLLMSettings
-from pofe.generation.sampling import _cut_at_eos, _eos_ids, _render
+from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 from pofe.judges.config import CacheConfig
 from pofe.data.io import json_line
+from pofe.paths import default_judge_cache_path
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,7 @@ __all__ = ["CacheConfig", "JudgeCache", "cache_key", "default_cache_path", "open
 
 
 def default_cache_path() -> Path:
-    from pofe.models import pofe_home
-
-    return pofe_home() / "judge-cache.sqlite"
+    return default_judge_cache_path()
 
 
 def cache_key(*parts: Any) -> str:

@@ -159,7 +159,7 @@ class TransformersBackend(SingleTokenChoices):
                  max_new_tokens: int = 128, seed: int | None = None) -> list[list[GenOut]]:
         import torch
 
-        from pofe.generation.sampling import _eos_ids
+        from pofe.generation.tokens import _eos_ids
 
         model, tok = self.model, self.tokenizer
         device = next(model.parameters()).device
@@ -184,7 +184,7 @@ class TransformersBackend(SingleTokenChoices):
     def _generate_batches(self, model, tok, device, ids, order, out, eos, pad, n, temperature, top_p, max_new_tokens):
         import torch
 
-        from pofe.generation.sampling import _cut_at_eos
+        from pofe.generation.tokens import _cut_at_eos
 
         for s in range(0, len(order), self.batch_size):
             idx = order[s:s + self.batch_size]

@@ -135,7 +135,7 @@ class VLLMBackend(SingleTokenChoices):
                  max_new_tokens: int = 128, seed: int | None = None) -> list[list[GenOut]]:
         from vllm import SamplingParams
 
-        from pofe.generation.sampling import _cut_at_eos, _eos_ids
+        from pofe.generation.tokens import _cut_at_eos, _eos_ids
 
         tok = self.tokenizer
         ids = self._encode([self.render(r) for r in requests])

@@ -1,0 +1,219 @@
+"""The package's layering, checked on the source (nothing is imported): no import cycle between
+pofe's modules, and no library module importing the CLI.
+
+The graph counts every import in a file -- at the top, inside functions, under ``if`` -- because
+an import inside a function is still a dependency: it only moves the failure (a half-initialised
+module, an ``ImportError`` on first use) from import time to run time. Importing ``a.b.c`` also
+executes the ``__init__`` of ``a`` and ``a.b``, so a package's ``__init__`` is a node of its own
+and an import reaches it too, except from inside that package (whose ``__init__`` has already
+run by then). ``importlib.import_module("pofe....")`` with a literal name counts as an import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from itertools import pairwise
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "pofe"
+
+# The CLI's entry point (``python -m pofe``) is the one module outside pofe.cli meant to import it.
+CLI_ENTRY_POINTS = {"pofe.__main__"}
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file for every ``.py`` under the package folder ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (root.name, *path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _targets(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]):
+    """(imported name, line) for every import in the file, relative imports resolved; ``from
+    pkg import x`` names ``pkg.x`` when that is a module, else ``pkg``."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package[: len(package) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in modules else base), node.lineno
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if fname in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                yield node.args[0].value, node.lineno
+
+
+def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[tuple[str, str], str], dict[str, set[str]]]:
+    """(module -> modules its import executes, (a, b) -> "file:line" of the first such import,
+    module -> modules it names directly) over the package folder ``root``."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    where: dict[tuple[str, str], str] = {}
+    direct: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        own = {name, *_ancestors(name)}
+        for target, line in _targets(name, path, ast.parse(path.read_text(encoding="utf-8")), modules):
+            while target and target not in modules:  # `from pofe.x import SomeClass`, `import pofe.x.y` of a
+                target = target.rpartition(".")[0]  # name that is not a module: the module holding it
+            if not target or target == name:
+                continue
+            direct[name].add(target)
+            for dep in (*_ancestors(target), target):
+                if dep in modules and dep not in own:
+                    graph[name].add(dep)
+                    where.setdefault((name, dep), f"{path.relative_to(root.parent)}:{line}")
+    return graph, where, direct
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative), each sorted, larger than one only."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def one_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first module (breadth-first inside it)."""
+    inside = set(component)
+    start = component[0]
+    came: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        v = queue.popleft()
+        for w in sorted(graph[v] & inside):
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(came[path[-1]])
+                return [*reversed(path), start]
+            if w not in came:
+                came[w] = v
+                queue.append(w)
+    raise AssertionError(f"{component} is not a cycle")
+
+
+def cli_importers(direct: dict[str, set[str]], package: str = "pofe") -> dict[str, list[str]]:
+    cli = f"{package}.cli"
+    return {m: sorted(t for t in ts if t == cli or t.startswith(cli + "."))
+            for m, ts in sorted(direct.items())
+            if not (m == cli or m.startswith(cli + ".")) and m not in {f"{package}.__main__"}
+            and any(t == cli or t.startswith(cli + ".") for t in ts)}
+
+
+def test_no_import_cycles():
+    graph, where, _ = import_graph(ROOT)
+    # the walk found the package, and an import of pofe.generation.base reaches its package's __init__
+    assert len(graph) > 100 and {"pofe.generation", "pofe.generation.base"} <= graph["pofe.judges.config"]
+    problems = []
+    for comp in strongly_connected(graph):
+        cycle = one_cycle(graph, comp)
+        steps = " -> ".join(f"{a} ({where[a, b]})" for a, b in pairwise(cycle))
+        problems.append(f"{len(comp)} modules import each other: {', '.join(comp)}\n    e.g. {steps} -> {cycle[0]}")
+    assert not problems, "import cycles in pofe/ (move the shared code down a layer):\n" + "\n".join(problems)
+
+
+def test_no_library_module_imports_the_cli():
+    _, where, direct = import_graph(ROOT)
+    bad = cli_importers(direct)
+    assert CLI_ENTRY_POINTS <= set(direct) and "pofe.cli.main" in direct["pofe.__main__"]
+    assert not bad, "library modules import pofe.cli (raise DataError/ConfigError/... instead; the CLI prints " \
+        "it): " + "; ".join(f"{m} -> {t} ({where[m, t]})" for m, ts in bad.items() for t in ts)
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    return root / "pkg"
+
+
+def test_the_checker_sees_function_imports_package_inits_and_cli_imports(tmp_path):
+    pkg = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        # a cycle through a function-level relative import and a `from package import module`
+        "pkg/a/__init__.py": "from pkg.a.x import X\n",
+        "pkg/a/x.py": "X = 1\n\ndef f():\n    from ..b import y\n    return y\n",
+        "pkg/b/__init__.py": "",
+        "pkg/b/y.py": "from pkg.a import x\n",
+        # a cycle only through a package __init__: d.z imports c.w, which runs c/__init__
+        "pkg/c/__init__.py": "from pkg.d.z import Z\n",
+        "pkg/c/w.py": "W = 1\n",
+        "pkg/d/__init__.py": "",
+        "pkg/d/z.py": "import pkg.c.w\nZ = 1\n",
+        # siblings under an __init__ that imports them: not a cycle (the __init__ already ran)
+        "pkg/e/__init__.py": "from pkg.e.m import M\n",
+        "pkg/e/m.py": "from pkg.e.n import N\nM = N\n",
+        "pkg/e/n.py": "N = 1\n",
+        # the CLI: imported by the entry point (allowed) and by a library module (not)
+        "pkg/cli/__init__.py": "",
+        "pkg/cli/main.py": "import pkg.a\n\ndef main():\n    pass\n",
+        "pkg/__main__.py": "from pkg.cli.main import main\n",
+        "pkg/lib.py": "import importlib\n\ndef g():\n    return importlib.import_module('pkg.cli.main')\n",
+    })
+    graph, where, direct = import_graph(pkg)
+    assert graph["pkg.a.x"] == {"pkg.b", "pkg.b.y"}
+    assert graph["pkg.b.y"] == {"pkg.a", "pkg.a.x"}
+    assert graph["pkg.a"] == {"pkg.a.x"}
+    assert graph["pkg.d.z"] == {"pkg.c", "pkg.c.w"}
+    assert graph["pkg.e.m"] == {"pkg.e.n"}
+    assert where["pkg.a.x", "pkg.b.y"] == "pkg/a/x.py:4"
+    assert strongly_connected(graph) == [["pkg.a", "pkg.a.x", "pkg.b.y"], ["pkg.c", "pkg.d.z"]]
+    assert one_cycle(graph, ["pkg.c", "pkg.d.z"]) == ["pkg.c", "pkg.d.z", "pkg.c"]
+    assert cli_importers(direct, "pkg") == {"pkg.lib": ["pkg.cli.main"]}
