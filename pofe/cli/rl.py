@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = ConfigOpt,
         model: Optional[str] = typer.Option(None, help="Policy name, id or path (default: embedded SmolLM2)."),
         prompts: Optional[str] = typer.Option(None, help="Prompt source."),
-        reward: Optional[str] = typer.Option(None, help="programmatic, reward-model or judge."),
+        reward: Optional[str] = typer.Option(None, help="programmatic, reward-model, judge (pointwise) or pairwise (a tournament of each prompt's samples)."),
         reward_model: Optional[str] = typer.Option(None, "--reward-model", help="pofe rm output (its final/ folder)."),
         algo: Optional[str] = typer.Option(None, help="rloo or grpo."),
         steps: Optional[int] = typer.Option(None, help="Optimiser steps (train.steps)."),

@@ -850,15 +850,15 @@ def reward_model_identity(model_dir: str | Path) -> dict[str, Any]:
 
 
 def reward_identity(reward_cfg) -> dict[str, Any]:
-    """The judge behind ``pofe rl``'s reward: the pointwise judge itself (``reward.kind=judge``)
-    or the judge that labelled the reward model's training pairs; a programmatic reward has
+    """The judge behind ``pofe rl``'s reward: the judge itself (``reward.kind=judge``, or the
+    pairwise judge of ``reward.kind=pairwise``) or the judge that labelled the reward model's training pairs; a programmatic reward has
     no judge to audit."""
     kind = getattr(reward_cfg, "kind", None)
-    if kind == "judge" and getattr(reward_cfg, "judge", None) is not None:
+    if kind in ("judge", "pairwise") and getattr(reward_cfg, "judge", None) is not None:
         return judge_identity(reward_cfg.judge)
     if kind == "reward-model" and getattr(reward_cfg, "model", None):
         return reward_model_identity(reward_cfg.model)
-    raise AuditError(f"--require-audit: reward.kind={kind} has no judge to audit (use it with reward.kind=judge "
+    raise AuditError(f"--require-audit: reward.kind={kind} has no judge to audit (use it with reward.kind=judge or pairwise "
                      "or a reward model trained on pofe-labelled pairs)", ["no_judge"])
 
 

@@ -309,3 +309,13 @@ def test_two_rl_steps_with_the_pairwise_length_judge_log_tournament_metrics(tmp_
         assert r["reward/unreadable"] == 0 and r["reward/no_comparison"] == 0 and r["unscored"] == 0
         assert 0.0 <= r["reward/tie_rate"] <= 1.0 and r["reward/bt_spread"] >= 0.0
         assert r["objective/scores"] == pytest.approx(0.5)  # mean win scores of a group average 1/2
+
+
+def test_require_audit_names_the_pairwise_judge():
+    # --require-audit gates a pairwise reward on the audit of that judge, as for reward.kind=judge
+    from pofe.evaluation.audit import judge_identity, reward_identity
+    from pofe.loops.rl import RLConfig
+
+    cfg = RLConfig.model_validate({"reward": {"kind": "pairwise", "judge": {"kind": "length", "prefer": "shorter"}}})
+    assert reward_identity(cfg.reward) == judge_identity(cfg.reward.judge)
+    assert reward_identity(cfg.reward)["kind"] == "length"
