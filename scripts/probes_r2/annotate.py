@@ -49,6 +49,13 @@ class Served:
             _, err = self.proc.communicate(timeout=60)
             raise RuntimeError(f"server did not start (exit {self.proc.returncode}): {P.short(self.first + err)}")
         self.port = int(self.first.rsplit(":", 1)[1].strip(" /\n"))
+        # Read the rest of the start-up lines here: readline() may have buffered them, and
+        # communicate() reads the pipe's file descriptor, never that buffer (a lost line).
+        while True:
+            line = self.proc.stdout.readline()
+            self.first += line
+            if not line or line.startswith("  writing "):
+                break
 
     def stop(self, sig=signal.SIGTERM) -> tuple[int, str, str]:
         self.proc.send_signal(sig)
