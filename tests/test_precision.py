@@ -112,8 +112,8 @@ def test_sft_rm_rl_in_bf16_train_fp32_weights_close_to_fp32(tmp_path, tokenizer,
 
         prompts = out / "p.txt"
         prompts.write_text("".join(f"Tell me about topic {i}.\n" for i in range(6)))
-        return run(load_config(RLConfig, None, common + [f"prompts={prompts}", "train.steps=2", "train.batch_size=2",
-                                                          "train.group_size=2", "eval_prompts=0", "sampling.max_new_tokens=8",
+        return run(load_config(RLConfig, None, common + [f"data.prompts={prompts}", "train.steps=2", "train.batch_size=2",
+                                                          "train.group_size=2", "eval.num_prompts=0", "sampling.max_new_tokens=8",
                                                           "sampling.temperature=1.0", "reward.kind=programmatic",
                                                           "reward.unit=chars", "optim.lr=1e-2"]))
 

@@ -134,8 +134,8 @@ def _prompts(tmp_path, n=12):
 def test_prefer_shorter_moves_length_down_and_kl_is_positive(tmp_path, tokenizer, algo, kl_in):
     """Acceptance: a programmatic reward (prefer shorter) moves the measured length down within
     a few dozen steps; the KL to the reference is logged and positive."""
-    cfg = RLConfig(prompts=_prompts(tmp_path), train={"steps": 16, "batch_size": 2, "group_size": 4}, eval_prompts=4,
-                   eval_samples=8, sampling={"max_new_tokens": 8, "temperature": 1.0}, algo=algo, kl_in=kl_in, beta=0.01,
+    cfg = RLConfig(data={"prompts": _prompts(tmp_path)}, train={"steps": 16, "batch_size": 2, "group_size": 4},
+                   eval={"num_prompts": 4, "samples": 8}, sampling={"max_new_tokens": 8, "temperature": 1.0}, algo=algo, kl_in=kl_in, beta=0.01,
                    reward={"kind": "programmatic", "prefer": "shorter", "unit": "tokens"},
                    optim={"lr": 1e-2, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})
     s = run(cfg, policy=stopping_lm(tokenizer), tokenizer=tokenizer)
@@ -156,8 +156,8 @@ def test_run_smoke_monitor_unscored_and_reload(tmp_path, tokenizer):
         calls["n"] += 1
         return None if calls["n"] % 3 == 0 else -c.num_tokens / 8
 
-    cfg = RLConfig(prompts=_prompts(tmp_path, 6), train={"steps": 2, "batch_size": 2, "group_size": 3}, eval_prompts=2,
-                   eval_samples=2, sampling={"max_new_tokens": 4, "temperature": 1.0}, algo="grpo", kl_in="loss",
+    cfg = RLConfig(data={"prompts": _prompts(tmp_path, 6)}, train={"steps": 2, "batch_size": 2, "group_size": 3},
+                   eval={"num_prompts": 2, "samples": 2}, sampling={"max_new_tokens": 4, "temperature": 1.0}, algo="grpo", kl_in="loss",
                    checkpoint={"every": 1, "keep_last": 0},
                    monitor={"kind": "programmatic", "prefer": "longer", "unit": "chars"},
                    optim={"lr": 1e-3, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})
@@ -181,7 +181,7 @@ class Crash(Exception):
 
 
 def _rl_cfg(tmp_path, name):
-    return RLConfig(prompts=_prompts(tmp_path, 6), train={"steps": 4, "batch_size": 2, "group_size": 2}, eval_prompts=0,
+    return RLConfig(data={"prompts": _prompts(tmp_path, 6)}, train={"steps": 4, "batch_size": 2, "group_size": 2}, eval={"num_prompts": 0},
                     sampling={"max_new_tokens": 3, "temperature": 1.0}, checkpoint={"every": 2},
                     optim={"lr": 1e-2, "warmup_steps": 0}, reward={"kind": "programmatic"},
                     run={"output_dir": str(tmp_path), "name": name})
@@ -263,8 +263,8 @@ def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_m
 
     def argv(name):
         return ["rl", "--model", str(tiny_model_dir), "--prompts", prompts, "--steps", "12", "--output-dir", str(tmp_path),
-                "--name", name, "--set", "train.batch_size=2", "--set", "train.group_size=2", "--set", "eval_prompts=2",
-                "--set", "eval_samples=1", "--set", "sampling.max_new_tokens=4", "--set", "checkpoint.every=2",
+                "--name", name, "--set", "train.batch_size=2", "--set", "train.group_size=2", "--set", "eval.num_prompts=2",
+                "--set", "eval.samples=1", "--set", "sampling.max_new_tokens=4", "--set", "checkpoint.every=2",
                 "--set", "optim.lr=1e-2", "--set", "log.progress=false", "--set", "log.tensorboard=false"]
 
     s = kill_resume_compare(argv, tmp_path, kill_after_rows=3, total_steps=12)
@@ -272,8 +272,8 @@ def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_m
 
 
 @pytest.mark.parametrize("bad", ["beta=0", "beta=-0.1", "train.steps=0", "train.batch_size=0", "train.group_size=1",
-                                 "train.micro_batch=0", "eval_samples=0", "reward.scale=0", "sampling.temperature=0",
-                                 "checkpoint.every=-1", "max_prompts=0"])
+                                 "train.micro_batch=0", "eval.samples=0", "reward.scale=0", "sampling.temperature=0",
+                                 "checkpoint.every=-1", "data.max_prompts=0"])
 def test_nonsense_hyperparameters_are_refused_at_parse_time(bad):
     from pofe.config import ConfigError, load_config
 
@@ -317,7 +317,7 @@ def test_shipped_examples_parse():
 
 def test_direct_rlaif_with_the_expected_score_judge_logs_the_score_distribution(tmp_path, tokenizer, tiny_model_dir):
     """reward.kind = judge with the expected-score judge (direct RLAIF) on a tiny judge model."""
-    cfg = RLConfig(prompts=_prompts(tmp_path, 4), train={"steps": 1, "batch_size": 1, "group_size": 2}, eval_prompts=0,
+    cfg = RLConfig(data={"prompts": _prompts(tmp_path, 4)}, train={"steps": 1, "batch_size": 1, "group_size": 2}, eval={"num_prompts": 0},
                    sampling={"max_new_tokens": 3, "temperature": 1.0},
                    reward={"kind": "judge", "judge": {"kind": "expected-score", "model": str(tiny_model_dir),
                                                       "cache": {"enabled": False}}},

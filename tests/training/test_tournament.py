@@ -293,7 +293,7 @@ def test_two_rl_steps_with_the_pairwise_length_judge_log_tournament_metrics(tmp_
     j = length_judge(prefer="shorter", unit="chars")
     inner = j.judge
     j.judge = lambda p, a, b, references=None: items.append(len(a)) or inner(p, a, b, references=references)
-    cfg = RLConfig(prompts=_prompts(tmp_path, 6), train={"steps": 2, "batch_size": 2, "group_size": 4}, eval_prompts=0,
+    cfg = RLConfig(data={"prompts": _prompts(tmp_path, 6)}, train={"steps": 2, "batch_size": 2, "group_size": 4}, eval={"num_prompts": 0},
                    sampling={"max_new_tokens": 6, "temperature": 1.0},
                    reward={"kind": "pairwise", "judge": {"kind": "length"}, "pairwise": {"pattern": "circular"}},
                    optim={"lr": 1e-3, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rl"})

@@ -1,0 +1,321 @@
+"""The one driver every training command runs on (torchtune's recipe interface, nanochat's
+linear loop): a command supplies a :class:`Recipe` -- how to read its data, build its models,
+take one step, and what its summary adds -- and :func:`drive` owns everything around it:
+
+* the run folder (``config.yaml``, ``run.json`` naming the command and pofe version), opened
+  only after the data has been read, so a bad file fails before any folder exists;
+* the ``--require-audit`` gate, before any model loads;
+* resume: the latest checkpoint loaded into the recipe's model/optimiser/scheduler, and one
+  rewind of ``metrics.jsonl`` and of the recipe's append-only outputs to that checkpoint
+  (rows written after it are moved to ``<name>.after-crash-<time>.jsonl``, kept, never
+  deleted: a resumed run recomputes them, every step reseeding from ``(seed, step)``);
+* checkpoint cadence (``checkpoint.every``, and the last step) and retention
+  (``checkpoint.keep_last``);
+* the metrics sink (``metrics.jsonl``, TensorBoard / W&B / MLflow) and the progress bar, both
+  closed in ``finally`` whatever the loop raised;
+* ``final/`` (rewritten from the checkpoint when a crash tore it) and ``summary.json`` with the
+  same keys in every command: ``command``, ``run_dir``, ``final_model``, ``steps``,
+  ``steps_run``, ``resumed_from``, ``seconds``, then the recipe's own.
+
+A recipe reads top to bottom as its paper's algorithm: ``setup`` → ``step`` (called for
+``step = start+1 .. total_steps``) → ``summary``. Commands without weights (``label``, ``cai
+revise``) leave ``model`` None: their checkpoint holds only their state and output offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from pofe.config import PofeConfig
+from pofe.runs import (atomic_write_bytes, atomic_write_text, open_run, open_run_file, read_jsonl, read_run_bytes,
+                       write_config)
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointConfig(PofeConfig):
+    """When to write ``checkpoints/step-N`` (everything an exact ``--resume`` needs)."""
+
+    every: int = Field(0, ge=0)
+    """Checkpoint every N steps (0 = only at the last step)."""
+    keep_last: int = Field(2, ge=0)
+    """Checkpoints kept on disk (0 keeps all)."""
+
+
+@dataclass
+class RunContext:
+    """What a recipe sees of the run: its folder, whether it resumes, the processes."""
+
+    dir: Path
+    resumed: bool
+    acc: Any = None
+    """accelerate's Accelerator for data-parallel recipes (None: one process)."""
+    start: int = 0
+    """Steps already done (the checkpoint's step; 0 for a new run)."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """The recipe's own checkpoint state (``Recipe.checkpoint_state`` when it was written)."""
+
+    @property
+    def main(self) -> bool:
+        return self.acc is None or self.acc.is_main_process
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.acc is None else self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return 1 if self.acc is None else self.acc.num_processes
+
+    def wait(self) -> None:
+        if self.acc is not None:
+            self.acc.wait_for_everyone()
+
+
+class Recipe:
+    """A command's part. Subclasses set ``command`` and implement :meth:`setup` and :meth:`step`;
+    everything else has a default. ``setup`` sets ``model`` (None: nothing to save),
+    ``tokenizer``, ``optimizer``, ``scheduler`` and ``total_steps``."""
+
+    command: ClassVar[str] = ""
+    outputs: ClassVar[tuple[str, ...]] = ()
+    """Append-only files in the run folder (e.g. ``ledger.jsonl``) rewound to their size at the checkpoint."""
+    show: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    """Progress-bar fields: (metrics key, label, format)."""
+    data_parallel: ClassVar[bool] = False
+    """True: the driver builds an accelerator (``model.device``) and only rank 0 writes the run folder."""
+
+    model: Any = None
+    tokenizer: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    total_steps: int = 0
+
+    def __init__(self, cfg: PofeConfig):
+        self.cfg = cfg
+
+    # -- phases, in the order the driver calls them
+    def load_data(self) -> None:
+        """Read and check the inputs (before the run folder exists and before any model loads)."""
+
+    def audit_identity(self) -> dict[str, Any] | None:
+        """The identity ``--require-audit`` checks the report against (None: nothing to gate)."""
+        return None
+
+    def setup(self, run: RunContext) -> None:
+        raise NotImplementedError
+
+    def restore(self, run: RunContext) -> None:
+        """After a checkpoint was loaded (``run.start``, ``run.state``) and the outputs rewound."""
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One step; returns its metrics row (without ``step``). Called on every process."""
+        raise NotImplementedError
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The recipe's own plain-JSON state an exact resume needs (called on every process)."""
+        return {}
+
+    def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The summary's command-specific keys, from the whole run's ``metrics.jsonl`` rows."""
+        return {}
+
+    def save_final(self, out: Path) -> Path | None:
+        """Write ``final/``; the default saves ``model`` with ``tokenizer`` (atomically)."""
+        if self.model is None:
+            return None
+        from pofe.training.checkpoints import save_final
+
+        return save_final(self.unwrapped(), self.tokenizer, out)
+
+    def unwrapped(self):
+        """The model as saved (the recipe unwraps a DDP wrapper here)."""
+        return self.model
+
+    def close(self) -> None:
+        """Release what setup opened (engines, writers); called in ``finally``."""
+
+
+# ----------------------------------------------------------------------------- resume
+
+def checkpoint_due(every: int, step: int, total: int) -> bool:
+    """A checkpoint at the last step (``final/`` can be rewritten from it) and every ``every`` steps."""
+    return step == total or bool(every and step % every == 0)
+
+
+def output_sizes(run_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
+    """Bytes of each append-only output now: what a checkpoint records."""
+    return {n: (os.path.getsize(run_dir / n) if os.path.lexists(run_dir / n) else 0) for n in names}
+
+
+def rewind_output(path: Path, size: int) -> int:
+    """Cut ``path`` back to ``size`` bytes; the cut tail goes to ``<stem>.after-crash-<time><suffix>``
+    (kept, never deleted). Returns the bytes moved."""
+    if not os.path.lexists(path):
+        return 0
+    fd = open_run_file(path, os.O_RDWR)  # never through a link: its target is not the run's
+    with os.fdopen(fd, "rb+") as f:
+        have = os.fstat(f.fileno()).st_size
+        if have <= size:
+            return 0
+        f.seek(size)
+        tail = f.read()
+        atomic_write_bytes(path.with_name(f"{path.stem}.after-crash-{int(time.time())}{path.suffix}"), tail)
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(tail)
+
+
+def rewind_metrics(path: Path, step: int) -> int:
+    """Keep only the rows of ``metrics.jsonl`` whose ``step`` is at most ``step`` (and cut a torn last
+    line); returns how many were dropped. A resumed run recomputes them identically."""
+    from pofe.data.io import json_lines
+
+    if not os.path.lexists(path):  # a planted link is refused by read_jsonl, never skipped or followed
+        return 0
+    rows = read_jsonl(path)
+    keep = [r for r in rows if int(r.get("step", 0)) <= step]
+    if len(keep) != len(rows) or read_run_bytes(path)[-1:] not in (b"\n", b""):
+        atomic_write_text(path, json_lines(keep))
+    return len(rows) - len(keep)
+
+
+def rewind(run_dir: Path, step: int, sizes: dict[str, int], names: tuple[str, ...]) -> None:
+    """Make the run folder agree with the checkpoint at ``step``: metrics rows after it dropped,
+    each append-only output cut back to its recorded size (0 when the checkpoint predates it)."""
+    for n in names:
+        rewind_output(run_dir / n, int(sizes.get(n, 0)))
+    rewind_metrics(run_dir / "metrics.jsonl", step)
+
+
+def _load(run: RunContext, recipe: Recipe) -> None:
+    from pofe.training.checkpoints import latest_checkpoint, load_checkpoint
+
+    ckpt = latest_checkpoint(run.dir)
+    if ckpt is None:
+        return
+    info = load_checkpoint(ckpt, model=recipe.unwrapped(), optimizer=recipe.optimizer, scheduler=recipe.scheduler)
+    run.start, run.state = int(info["step"]), dict(info["state"])
+
+
+def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
+    from pofe.training.checkpoints import prune_checkpoints, save_checkpoint
+
+    own = recipe.checkpoint_state()  # every process: a recipe may gather here
+    if run.main:
+        state = {**own, "outputs": output_sizes(run.dir, recipe.outputs)}
+        save_checkpoint(run.dir / "checkpoints" / f"step-{step}", model=recipe.unwrapped(), optimizer=recipe.optimizer,
+                        scheduler=recipe.scheduler, step=step, state=state)
+        prune_checkpoints(run.dir, keep_last)
+    run.wait()
+
+
+# ----------------------------------------------------------------------------- the driver
+
+def _accelerator(recipe: Recipe):
+    if not recipe.data_parallel:
+        return None
+    from pofe.training.parallel import make_accelerator
+
+    return make_accelerator(recipe.cfg.model.device, command=f"pofe {recipe.command}")
+
+
+def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:
+    cfg = recipe.cfg
+    if run_dir is not None:  # a stage of a larger run (self-reward's SFT and DPO): its folder is given
+        path = Path(run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        write_config(path, cfg)
+        return path
+    main = acc is None or acc.is_main_process
+    path = open_run(cfg.run, recipe.command, resume=resume) if main else None
+    if acc is not None and acc.num_processes > 1:
+        from pofe.training.parallel import gather
+
+        path = gather(acc, str(path) if main else None)[0]
+    path = Path(path)
+    if resume is None and main:
+        write_config(path, cfg)
+    return path
+
+
+def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: str | Path | None = None,
+          run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run ``recipe`` from setup to ``summary.json``; returns the summary.
+
+    ``resume``: a run folder to continue from its latest checkpoint (the CLI has already read its
+    config into ``recipe.cfg``). ``run_dir``: write here instead of a new folder under ``cfg.run``
+    (an existing checkpoint there is resumed; a finished folder returns its summary)."""
+    from pofe.evaluation.audit import gate
+    from pofe.training.allocator import keep_freed_memory
+    from pofe.training.checkpoints import final_complete, seed_everything
+    from pofe.training.guards import fault_point
+    from pofe.training.tracking import MetricsSink, Progress
+
+    cfg = recipe.cfg
+    t0 = time.perf_counter()
+    recipe.load_data()  # a bad file fails in a second, before any run folder or model
+    gate(require_audit, recipe.audit_identity)  # before any model loads
+    acc = _accelerator(recipe)
+    path = _open(recipe, acc, resume=resume, run_dir=run_dir)
+    if run_dir is not None and (path / "summary.json").exists() and final_complete(path / "final"):
+        log.info("%s: %s already finished; returning its summary", recipe.command, path)
+        return {**json.loads((path / "summary.json").read_text()), "already_done": True}
+    # a given stage folder resumes whatever checkpoint it holds; a new run has none to load
+    run = RunContext(dir=path, resumed=resume is not None or run_dir is not None, acc=acc)
+    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
+    seed_everything(cfg.seed)
+    sink = bar = None
+    step = 0
+    try:
+        recipe.setup(run)
+        if run.resumed:
+            _load(run, recipe)
+            if run.main:
+                rewind(run.dir, run.start, run.state.get("outputs", {}), recipe.outputs)
+            run.wait()
+            if run.start:
+                log.info("%s: resuming %s at step %d", recipe.command, run.dir, run.start)
+        recipe.restore(run)
+        total, step = recipe.total_steps, run.start
+        if run.main:
+            sink = MetricsSink(run.dir, cfg.log, config=cfg.model_dump(mode="json"))
+        bar = Progress(cfg.log, total=total, initial=run.start, desc=f"pofe {recipe.command}", main=run.main,
+                       show=recipe.show)
+        for step in range(run.start + 1, total + 1):
+            row = {"step": step, **recipe.step(step)}
+            if sink is not None:
+                sink.write(row)
+            bar.update(row)
+            fault_point(f"{step}:after_step")  # crash/resume suite: metrics row written, no checkpoint yet
+            if checkpoint_due(cfg.checkpoint.every, step, total):
+                _save(run, recipe, step, cfg.checkpoint.keep_last)
+                fault_point(f"{step}:after_checkpoint")
+        step = max(step, run.start)
+        out = None
+        if run.main and recipe.model is not None:
+            final = run.dir / "final"
+            out = recipe.save_final(final) if step > run.start or not final_complete(final) else final
+        run.wait()
+    finally:
+        if bar is not None:
+            bar.close()
+        if sink is not None:
+            sink.close()
+        recipe.close()
+    history = read_jsonl(run.dir / "metrics.jsonl") if (run.dir / "metrics.jsonl").exists() else []
+    summary = {"command": recipe.command, "run_dir": str(run.dir), "final_model": str(out) if out else None,
+               "steps": total, "steps_run": step - run.start, "resumed_from": run.start if resume is not None or run.start else None,
+               "seconds": round(time.perf_counter() - t0, 2), **recipe.summary(history)}
+    if run.main:
+        atomic_write_text(run.dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    return summary

@@ -1,0 +1,121 @@
+"""One ``pofe rl`` step (sample -> score -> one group-baseline policy-gradient update), the
+held-out measurement, and the prompts of a step; the pieces are in :mod:`pofe.training.rl`."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pofe.generation import SamplingConfig
+from pofe.training.precision import autocast
+from pofe.training.rl import RewardFn, kl_terms, masked_group_advantages, pg_loss, token_logprobs
+
+
+def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg: RLConfig, reward_fn: RewardFn, optimizer, scheduler,
+            *, seed: int, monitor_fn: RewardFn | None = None) -> dict[str, Any]:
+    """Sample -> score -> one group-baseline policy-gradient update. Returns the step's metrics."""
+    from pofe.generation import generate
+
+    k, mb = cfg.train.group_size, cfg.train.micro_batch
+    t0 = time.perf_counter()
+    comps = [c for g in generate(policy, tokenizer, list(prompts), n=k, sampling=cfg.sampling, seed=seed) for c in g]
+    xs = [x for x in prompts for _ in range(k)]
+    t1 = time.perf_counter()
+    raw, info = reward_fn(xs, comps)
+    mon = monitor_fn(xs, comps)[0] if monitor_fn is not None else None
+    t2 = time.perf_counter()
+
+    valid = torch.tensor([r is not None for r in raw])
+    r = torch.tensor([float(v) if v is not None else 0.0 for v in raw])
+    pad = tokenizer.pad_token_id
+    n = len(comps)
+    # Reference log-probs (no grad), then policy log-probs with grad in micro-batches.
+    cast = lambda: autocast(cfg.train.precision, next(policy.parameters()).device)  # noqa: E731 (log-probs stay fp32)
+    with ref.model() as ref_model, cast():
+        chunks = [(s, *(t.detach() for t in token_logprobs(ref_model, comps[s:s + mb], pad))) for s in range(0, n, mb)]
+    policy.train()
+    k1, k3, ent = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    if cfg.kl_in == "reward":
+        # The KL penalty is part of the reward, so it must be known before the advantages:
+        # one extra no-grad pass (the policy has not moved since sampling, so this is the
+        # KL of the samples under the current policy).
+        with torch.no_grad(), cast():
+            for s, rlp, m in chunks:
+                plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
+                kt = kl_terms(plp, rlp, m)
+                k1[s:s + len(plp)], k3[s:s + len(plp)] = kt["k1"].cpu(), kt["k3"].cpu()
+        total = r - cfg.beta * k1
+    else:
+        total = r.clone()
+    adv = masked_group_advantages(total, valid, k, cfg.algo)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for s, rlp, m in chunks:
+        with cast():
+            plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
+        loss = pg_loss(plp, m, adv[s:s + mb].to(plp.device), cfg.algo)
+        ent[s:s + len(plp)] = (-(plp * m).sum(-1)).detach().cpu()  # TRL's objective/entropy: −Σ_t log π
+        if cfg.kl_in == "loss":
+            kt = kl_terms(plp, rlp, m)
+            k1[s:s + len(plp)], k3[s:s + len(plp)] = kt["k1"].detach().cpu(), kt["k3"].detach().cpu()
+            loss = loss + cfg.beta * kt["k3"] / m.sum(-1).clamp(min=1)
+        loss = loss.sum() / n
+        loss.backward()
+        loss_sum += float(loss.detach())
+    params = [p for p in policy.parameters() if p.requires_grad]
+    gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)) if cfg.optim.grad_clip else None
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    t3 = time.perf_counter()
+    rv = r[valid]
+    row = {
+        "loss": loss_sum, "objective/scores": float(rv.mean()) if len(rv) else None,
+        "objective/scores_std": float(rv.std()) if len(rv) > 1 else 0.0,
+        "objective/rlhf_reward": float(total[valid].mean()) if len(rv) else None,
+        "objective/kl": float(k1.mean()), "objective/kl_k3": float(k3.mean()), "objective/entropy": float(ent.mean()),
+        "unscored": int((~valid).sum()), "length": sum(c.num_tokens for c in comps) / n,
+        "chars": sum(len(c.text) for c in comps) / n, "finished": sum(c.finished for c in comps) / n,
+        "grad_norm": gn, "learning_rate": lr,
+        "seconds": {"generate": round(t1 - t0, 3), "reward": round(t2 - t1, 3), "update": round(t3 - t2, 3)},
+    }
+    if mon is not None:
+        mv = [v for v in mon if v is not None]
+        row["monitor"] = sum(mv) / len(mv) if mv else None
+    if info.get("score_distribution"):
+        row["judge"] = info["score_distribution"]
+    row.update(info.get("metrics") or {})  # the reward's own counts (a tournament's judge calls, unreadable, ties)
+    return row
+
+
+@torch.no_grad()
+def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, sampling: SamplingConfig, *, n: int, seed: int,
+            monitor_fn: RewardFn | None = None) -> dict[str, Any] | None:
+    """The measured quantities on fixed prompts with a fixed sampling seed (before vs after);
+    it must not move the training RNG (a resumed run skips the "before" measurement)."""
+    from pofe.generation import generate
+
+    if not prompts:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        comps = [c for g in generate(policy, tokenizer, list(prompts), n=n, sampling=sampling, seed=seed) for c in g]
+    xs = [x for x in prompts for _ in range(n)]
+    raw, info = reward_fn(xs, comps)
+    vals = [v for v in raw if v is not None]
+    out = {"reward": sum(vals) / len(vals) if vals else None, "length": sum(c.num_tokens for c in comps) / len(comps),
+           "chars": sum(len(c.text) for c in comps) / len(comps), "n": len(comps)}
+    if monitor_fn is not None:
+        mv = [v for v in monitor_fn(xs, comps)[0] if v is not None]
+        out["monitor"] = sum(mv) / len(mv) if mv else None
+    if info.get("score_distribution"):
+        out["judge"] = info["score_distribution"]
+    return out
+
+
+def batch_for_step(prompts: Sequence[str], batch_size: int, seed: int, step: int) -> list[str]:
+    """The prompts of one step, a function of (seed, step) only: a resumed run sees the same ones."""
+    return random.Random(seed * 100003 + step).sample(list(prompts), min(batch_size, len(prompts)))
