@@ -129,7 +129,8 @@ class Recipe:
         return {}
 
     def save_final(self, out: Path) -> Path | None:
-        """Write ``final/``; the default saves ``model`` with ``tokenizer`` (atomically)."""
+        """Write ``final/`` (rank 0 only); the default saves ``model`` with ``tokenizer`` atomically,
+        and nothing for a recipe without weights (returns None)."""
         if self.model is None:
             return None
         from pofe.training.checkpoints import save_final
@@ -302,7 +303,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
                 fault_point(f"{step}:after_checkpoint")
         step = max(step, run.start)
         out = None
-        if run.main and recipe.model is not None:
+        if run.main:  # a torn final/ (crash while saving) is rewritten from the checkpoint's weights
             final = run.dir / "final"
             out = recipe.save_final(final) if step > run.start or not final_complete(final) else final
         run.wait()

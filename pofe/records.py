@@ -132,6 +132,27 @@ class PreferencePair:
         if isinstance(self.p, bool) or not isinstance(self.p, numbers.Real) or not 0.0 <= float(self.p) <= 1.0:
             raise ValueError(f"PreferencePair.p must be a number in [0, 1], got {self.p!r}")
 
+    def oriented(self) -> "PreferencePair":
+        """The same preference with ``chosen`` the preferred response and ``p`` ≥ ½ (:func:`pofe.labels.orient`);
+        ``provenance["swapped"]`` says whether the two were exchanged."""
+        from pofe.labels import orient
+
+        chosen, rejected, p = orient(self.chosen, self.rejected, self.p)
+        swapped = float(self.p) < 0.5
+        return PreferencePair(prompt=self.prompt, chosen=chosen, rejected=rejected, p=p, messages=self.messages,
+                              provenance={**self.provenance, "swapped": swapped} if swapped else dict(self.provenance))
+
+    def hardened(self) -> "PreferencePair | None":
+        """The hard label (oriented, ``p`` = 1, the soft ``p`` kept as ``provenance["soft_p"]``), or None for an
+        exact tie, which carries no preference (:func:`pofe.labels.harden`)."""
+        from pofe.labels import harden
+
+        q = self.oriented()
+        if harden(q.p) is None:
+            return None
+        return PreferencePair(prompt=q.prompt, chosen=q.chosen, rejected=q.rejected, p=1.0, messages=q.messages,
+                              provenance={**q.provenance, "soft_p": self.p})
+
     def to_dict(self) -> dict[str, Any]:
         d = _asdict(self)
         d["messages"] = list(self.messages) if self.messages else None

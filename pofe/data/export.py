@@ -62,7 +62,8 @@ def find_pair_file(source: str | Path) -> Path:
 
 
 def _oriented(q: PreferencePair) -> tuple[str, str, float]:
-    return (q.chosen, q.rejected, q.p) if q.p >= 0.5 else (q.rejected, q.chosen, 1.0 - q.p)
+    o = q.oriented()
+    return o.chosen, o.rejected, o.p
 
 
 def _prompt_messages(q: PreferencePair) -> list[dict[str, str]]:

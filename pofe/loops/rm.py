@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.losses import get_rm_loss
+from pofe.losses import RMLossName, get_rm_loss
 from pofe.records import PreferencePair
 from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
 from pofe.training.allocator import keep_freed_memory
@@ -90,8 +90,8 @@ class RMConfig(PofeConfig):
     """Base causal LM (a score head is added) and LoRA settings."""
     data: RMDataConfig = RMDataConfig()
     """Training and held-out pairs."""
-    loss: Literal["soft-bt"] = "soft-bt"
-    """Reward-model loss (``pofe.losses.RM_LOSSES``): the soft Bradley-Terry cross-entropy."""
+    loss: RMLossName = "soft-bt"
+    """Reward-model loss (``pofe.losses.RM_LOSSES``): the soft Bradley-Terry cross-entropy, or a ``pofe.rm_losses`` plugin's."""
     optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0)
     """RM defaults: a reward head trains at a far higher rate than OAIF's policy lr, no warm-up."""
     train: RMTrainConfig = RMTrainConfig()
@@ -114,13 +114,7 @@ class RMConfig(PofeConfig):
 
 def hardened(pairs: Sequence[PreferencePair]) -> list[PreferencePair]:
     """Hard labels from soft ones: the favourite becomes chosen with p = 1; exact ties dropped."""
-    out = []
-    for q in pairs:
-        if q.p == 0.5:
-            continue
-        c, r = (q.chosen, q.rejected) if q.p > 0.5 else (q.rejected, q.chosen)
-        out.append(PreferencePair(prompt=q.prompt, chosen=c, rejected=r, p=1.0, provenance={**q.provenance, "soft_p": q.p}))
-    return out
+    return [h for h in (q.hardened() for q in pairs) if h is not None]
 
 
 def split_pairs(pairs: list[PreferencePair], fraction: float, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:

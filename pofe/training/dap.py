@@ -84,13 +84,13 @@ def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard
     p = 0.5 gives None)."""
     from pofe.models import apply_chat_template
 
-    chosen, rejected, p = pair.chosen, pair.rejected, float(pair.p)
-    if p < 0.5:
-        chosen, rejected, p = rejected, chosen, 1.0 - p
+    from pofe.labels import harden, orient
+
+    chosen, rejected, p = orient(pair.chosen, pair.rejected, pair.p)
     if labels == "hard":
-        if p == 0.5:
+        p = harden(p)
+        if p is None:  # an exact tie carries no preference
             return None
-        p = 1.0
 
     def ids(text: str, prompt: bool, messages=None) -> tuple[int, ...]:
         key = (prompt, text)  # a conversation's text is its full transcript, so it keys it too
