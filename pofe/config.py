@@ -19,11 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from pofe.errors import PofeError
+
 T = TypeVar("T", bound="PofeConfig")
 
 
-class ConfigError(Exception):
+class ConfigError(PofeError):
     """A bad config: unknown key, wrong type, missing file. ``str(e)`` is one line."""
+
+    exit_code = 2
 
 
 class YAMLInputError(ConfigError, yaml.YAMLError):

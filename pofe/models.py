@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pofe.paths import pofe_home
+from pofe.errors import PofeError
 
 if TYPE_CHECKING:
     import torch
@@ -45,13 +46,17 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-class ModelError(Exception):
+class ModelError(PofeError):
     """A model name that names nothing loadable (typo, missing folder, not on the hub, hub
     offline). ``str(e)`` is one line; the CLI exits 2 with it."""
 
+    exit_code = 2
 
-class DeviceUnavailable(RuntimeError):
+
+class DeviceUnavailable(PofeError, RuntimeError):
     """``model.device`` asks for an accelerator this machine does not have (exit 1)."""
+
+    exit_code = 1
 
 
 def resolve_device(device: str | None = "auto") -> str:

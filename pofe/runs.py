@@ -53,6 +53,7 @@ from typing import Any
 from pydantic import BaseModel, field_validator
 
 from pofe.config import PofeConfig, dump_config
+from pofe.errors import PofeError
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,11 @@ class RunConfig(PofeConfig):
         return v
 
 
-class RunError(Exception):
+class RunError(PofeError):
     """A run folder that cannot be used (missing, not a pofe run, held by another process).
     ``str(e)`` is one line; the CLI exits 2 with it."""
+
+    exit_code = 2
 
 
 LOCK_NAME = ".lock"

@@ -36,6 +36,7 @@ from typing import Any
 
 from pofe.data.calibration import resolve_annotation_events
 from pofe.data.prompts import DataError
+from pofe.errors import PofeError
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,11 @@ def split_lines(data: bytes) -> list[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
 
 
-class LogWriteError(OSError):
+class LogWriteError(PofeError, OSError):
     """An event could not be saved (full disk, I/O error); the log is as it was before it.
     ``errno`` is the cause's; ``str(e)`` is one line naming the log."""
+
+    exit_code = 1
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -75,6 +78,8 @@ class LogWriteError(OSError):
 class LogInUse(DataError):
     """Another live server holds this (log, annotator): two writers of one undo stack would
     each replay the log without the other's events and interleave contradicting decisions."""
+
+    exit_code = 2
 
 
 class AnnotatorLock:

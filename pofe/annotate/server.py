@@ -42,6 +42,7 @@ from pofe.annotate.log import FULL_DISK, AnnotatorLock, EventLog, LogWriteError,
 from pofe.annotate.pairs import AnnotationPair, load_pairs, shown_swapped, subset
 from pofe.runs import file_sha256
 from pofe.config import PofeConfig
+from pofe.errors import PofeError
 from pofe.data.prompts import DataError
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,13 @@ def _version() -> str:
     from pofe import __version__
 
     return __version__
+
+
+class ServeError(PofeError, OSError):
+    """The server cannot listen on the configured host and port (in use, not an address of
+    this machine): change ``--port`` / ``--host``."""
+
+    exit_code = 2
 
 
 class BadRequest(Exception):
@@ -485,8 +493,8 @@ def make_server(cfg: AnnotateConfig) -> AnnotateServer:
     """Take this annotator's lock on the log, load the pairs, replay the log, bind, and record
     the session's ``open`` event (not yet serving). Raises ``DataError`` / ``ValueError`` for
     bad input (``LogInUse`` when another server holds the log for this annotator),
-    ``LogWriteError`` when the ``open`` event cannot be saved, ``OSError`` when the port
-    cannot be bound."""
+    ``LogWriteError`` when the ``open`` event cannot be saved, ``ServeError`` (an ``OSError``)
+    when the port cannot be bound."""
     check_output(cfg)
     try:
         lock = AnnotatorLock(cfg.output, cfg.annotator)
@@ -502,9 +510,9 @@ def make_server(cfg: AnnotateConfig) -> AnnotateServer:
         raise
     try:
         server = AnnotateServer(session, cfg.host, cfg.port)
-    except OSError:
+    except OSError as e:
         session.close()
-        raise
+        raise ServeError(f"cannot serve on {cfg.host}:{cfg.port} ({e.strerror or e})") from None
     try:
         session.open_event()
     except BaseException:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, PrintConfigOpt, SetOpt, fail, resolve_config
+from pofe.cli.common import ConfigOpt, PrintConfigOpt, SetOpt, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -32,9 +32,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = resolve_config(AnnotateConfig, config, set_, {
             "pairs": pairs, "annotator": annotator, "output": output, "limit": limit, "port": port, "host": host}, print_config)
-        from pofe.annotate.log import LogWriteError
         from pofe.annotate.server import make_server
-        from pofe.data.prompts import DataError
 
         import signal
         import sys
@@ -45,14 +43,7 @@ def register(app: typer.Typer) -> None:
         # Before the URL is printed: a SIGTERM sent as soon as the URL appears must stop the
         # server through the same path as Ctrl-C (lock released, summary printed).
         signal.signal(signal.SIGTERM, _stop)
-        try:
-            server = make_server(cfg)
-        except (DataError, ValueError) as e:
-            fail(str(e))
-        except LogWriteError as e:  # e.g. a full disk: the environment, not the input
-            fail(str(e), code=1)
-        except OSError as e:
-            fail(f"cannot serve on {cfg.host}:{cfg.port} ({e.strerror or e})")
+        server = make_server(cfg)
         s = server.session
         c = s.counts()
         try:

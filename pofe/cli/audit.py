@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -37,10 +37,7 @@ def register(app: typer.Typer) -> None:
             "contrast_limit": contrast_limit, "output": output}, print_config)
         from pofe.evaluation.audit import audit_from_config, format_audit
 
-        try:
-            report = audit_from_config(cfg)
-        except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
+        report = audit_from_config(cfg)
         if json_out:
             emit_json(report)
         else:

@@ -16,7 +16,6 @@ from pofe.cli.common import (
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
-    fail,
     resolve_config,
 )
 from pydantic import Field
@@ -66,15 +65,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.cai_revise import CaiReviseConfig, run
-        from pofe.runs import RunError
 
         cfg = resolve_config(CaiReviseConfig, config, set_, {
             "model.name": model, "prompts": prompts, "constitution": constitution, "rounds": rounds,
             "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
-        try:
-            s = run(cfg, resume=resume)
-        except (ValueError, FileNotFoundError, RunError) as e:
-            fail(str(e))
+        s = run(cfg, resume=resume)
         if json_out:
             emit_json(s)
             return
@@ -104,11 +99,8 @@ def register(app: typer.Typer) -> None:
         from pofe.evaluation.refusal import evaluate_refusal
         from pofe.models import load_model
 
-        try:
-            benign = load_prompts(cfg.benign, limit=cfg.n)
-            harmful = load_prompts(cfg.harmful, limit=cfg.n)
-        except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
+        benign = load_prompts(cfg.benign, limit=cfg.n)
+        harmful = load_prompts(cfg.harmful, limit=cfg.n)
         m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
         rep = evaluate_refusal(m, tok, benign, harmful, sampling=cfg.sampling, seed=cfg.seed)
         rep["model"] = cfg.model.name

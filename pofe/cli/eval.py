@@ -40,10 +40,7 @@ def register(app: typer.Typer) -> None:
             "output": output}, print_config)
         from pofe.evaluation.eval import format_eval, run_eval
 
-        try:
-            res = run_eval(cfg)
-        except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
+        res = run_eval(cfg)
         if json_out:
             emit_json(res)
         else:

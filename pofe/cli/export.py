@@ -49,10 +49,7 @@ def register(app: typer.Typer) -> None:
             fail("pofe export RUN_DIR --format FORMAT -o OUT: a source and -o are required")
         from pofe.data.export import export_pairs
 
-        try:
-            s = export_pairs(cfg.source, cfg.format, cfg.output)
-        except (ValueError, OSError) as e:
-            fail(str(e))
+        s = export_pairs(cfg.source, cfg.format, cfg.output)
         if json_out:
             emit_json(s)
         else:

@@ -25,7 +25,6 @@ from pofe.cli.common import (
     PrintConfigOpt,
     SetOpt,
     emit_json,
-    fail,
     resolve_config,
 )
 from pofe.config import PofeConfig
@@ -163,14 +162,7 @@ def register(app: typer.Typer) -> None:
                  "judge.model": model, "judge.template": template, "limit": limit,
                  "judge.cache.enabled": False if no_cache else None, "skip_bad_rows": True if skip_bad_rows else None}
         cfg = resolve_config(JudgeCommandConfig, config, set_, extra, print_config)
-        from pofe.judges.base import EndpointError
-
-        try:
-            summary = run_judge(cfg)
-        except EndpointError as e:  # unreachable judge: infrastructure failure, not bad input
-            fail(str(e), code=1)
-        except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
+        summary = run_judge(cfg)
         if json_out:
             emit_json(summary)
         else:

@@ -14,7 +14,6 @@ from pofe.cli.common import (
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
-    fail,
     resolve_config,
 )
 
@@ -40,7 +39,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.label import LabelConfig, run
-        from pofe.runs import RunError
 
         cfg = resolve_config(LabelConfig, config, set_, {
             "model.name": model, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
@@ -48,10 +46,7 @@ def register(app: typer.Typer) -> None:
         from pofe.evaluation.audit import gate, judge_identity
 
         gate(require_audit, judge_identity(cfg.judge))
-        try:
-            s = run(cfg, resume=resume)
-        except (ValueError, FileNotFoundError, RunError) as e:
-            fail(str(e))
+        s = run(cfg, resume=resume)
         if json_out:
             emit_json(s)
             return

@@ -31,6 +31,7 @@ from typer import _click as click  # typer >= 0.20 vendors click; its groups and
 from typer.core import TyperCommand, TyperGroup
 
 from pofe import __version__
+from pofe.errors import PofeError
 
 # Order = order in --help.
 COMMAND_MODULES = [
@@ -68,14 +69,6 @@ def _short_help(module: str) -> str:
 
 # ----------------------------------------------------------------------------- errors
 
-# Exit status by the name of a pofe exception class (matched along the MRO, only for classes
-# defined in pofe), so that the handler needs no imports of heavy modules and a typed error
-# added in any stage is covered by adding its name here.
-_POFE_ERRORS = {
-    "ConfigError": 2, "DataError": 2, "RunError": 2, "ModelError": 2, "CheckpointError": 2,
-    "MultiProcessRefused": 2, "AuditError": 2,
-    "JudgeConfigError": 2, "JudgeCapabilityError": 2, "EndpointError": 1, "JudgeError": 1, "NonFiniteLoss": 1, "NonFiniteWeights": 1, "DeviceUnavailable": 1,
-}
 _OS_BAD_INPUT = {errno.ENOENT: "no such file or directory", errno.EISDIR: "is a directory",
                  errno.ENOTDIR: "not a directory", errno.EEXIST: "already exists"}
 _OS_ENVIRONMENT = {errno.ENOSPC: "no space left on device (disk full)", errno.EROFS: "read-only file system",
@@ -103,9 +96,8 @@ def _raised_in_pofe(e: BaseException) -> bool:
 
 def describe_error(e: BaseException) -> tuple[int, str]:
     """(exit status, one-line message) for an exception that reached the top of a command."""
-    for cls in type(e).__mro__:
-        if cls.__module__.startswith("pofe") and cls.__name__ in _POFE_ERRORS:
-            return _POFE_ERRORS[cls.__name__], _one_line(e)
+    if isinstance(e, PofeError):  # every error pofe raises for the user carries its own status
+        return e.exit_code, _one_line(e)
     if isinstance(e, KeyboardInterrupt):
         return 130, "interrupted (what was already written is kept; --resume RUN_DIR continues a training run)"
     if isinstance(e, OSError) and e.errno is not None:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
 
 
 def describe(summary: dict[str, Any], cfg) -> str:
@@ -69,25 +69,10 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(OnlineConfig, config, set_, {"train.steps": steps, "mode": mode, "judge.kind": judge,
                                                           "judge.template": template, "model.name": model}, print_config,
                              resume=resume, trust_run_config=trust_run_config)
-        from pofe.data.prompts import DataError
-        from pofe.evaluation.audit import AuditError
-        from pofe.judges.base import EndpointError, JudgeError
         from pofe.loops.online import run
-        from pofe.runs import RunError
 
         t0 = time.perf_counter()
-        try:
-            summary = run(cfg, resume=resume, require_audit=require_audit)
-        except AuditError as e:  # the judge failed (or lacks) its audit: refuse to train
-            fail(str(e))
-        except EndpointError as e:  # unreachable judge: environment, not bad input
-            fail(str(e), code=1)
-        except (DataError, RunError, FileNotFoundError, JudgeError) as e:
-            fail(str(e))
-        except ValueError as e:
-            if "mode=offline" in str(e):
-                fail(str(e))
-            raise
+        summary = run(cfg, resume=resume, require_audit=require_audit)
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         import torch.distributed as dist
 

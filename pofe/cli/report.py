@@ -22,18 +22,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from pofe.evaluation.report import load_run, write_report
 
-        try:
-            run = load_run(run_dir)
-            if run.kind == "unknown" and run.config_text is None and run.summary is None and not run.metrics:
-                # an empty report with exit 0 would look like a run that logged nothing
-                fail(f"{run_dir}: not a pofe run folder (no config.yaml, summary.json, metrics.jsonl or audit report)")
-            if out is not None:  # a user-given folder: never an input, never inside a live run
-                from pofe.outputs import guard_outputs
+        run = load_run(run_dir)
+        if run.kind == "unknown" and run.config_text is None and run.summary is None and not run.metrics:
+            # an empty report with exit 0 would look like a run that logged nothing
+            fail(f"{run_dir}: not a pofe run folder (no config.yaml, summary.json, metrics.jsonl or audit report)")
+        if out is not None:  # a user-given folder: never an input, never inside a live run
+            from pofe.outputs import guard_outputs
 
-                guard_outputs({"--out": out}, [run_dir], folders={"--out"})
-            res = write_report(run_dir, out)
-        except FileNotFoundError as e:
-            fail(str(e))
+            guard_outputs({"--out": out}, [run_dir], folders={"--out"})
+        res = write_report(run_dir, out)
         if json_out:
             emit_json(res)
         else:

@@ -14,7 +14,6 @@ from pofe.cli.common import (
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
-    fail,
     resolve_config,
 )
 
@@ -42,7 +41,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.rl import RLConfig, run
-        from pofe.runs import RunError
 
         extra = {"model.name": model, "prompts": prompts, "reward.kind": reward, "reward.model": reward_model,
                  "algo": algo, "train.steps": steps, "run.output_dir": output_dir, "run.name": name}
@@ -52,10 +50,7 @@ def register(app: typer.Typer) -> None:
         from pofe.evaluation.audit import gate, reward_identity
 
         gate(require_audit, lambda: reward_identity(cfg.reward))
-        try:
-            s = run(cfg, resume=resume)
-        except (ValueError, FileNotFoundError, RunError) as e:
-            fail(str(e))
+        s = run(cfg, resume=resume)
         if json_out:
             emit_json(s)
             return

@@ -14,7 +14,6 @@ from pofe.cli.common import (
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
-    fail,
     resolve_config,
 )
 
@@ -41,7 +40,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.rm import RMConfig, run
-        from pofe.runs import RunError
 
         cfg = resolve_config(RMConfig, config, set_, {
             "data.train": train or None, "model.name": model, "data.labels": labels, "train.epochs": epochs,
@@ -49,10 +47,7 @@ def register(app: typer.Typer) -> None:
         from pofe.evaluation.audit import gate, labels_identity
 
         gate(require_audit, lambda: labels_identity(cfg.data.train))
-        try:
-            s = run(cfg, resume=resume)
-        except (ValueError, FileNotFoundError, RunError) as e:
-            fail(str(e))
+        s = run(cfg, resume=resume)
         if json_out:
             emit_json(s)
             return

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -33,11 +33,8 @@ def register(app: typer.Typer) -> None:
 
         extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir}
         cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.data.prompts import DataError
-        from pofe.evaluation.audit import AuditError
         from pofe.evaluation.audit import require_audit as _require_audit
         from pofe.loops.self_reward import run
-        from pofe.runs import RunError
 
         if require_audit is not None:
             # The self-rewarding judge is the policy itself and changes every iteration: the
@@ -45,14 +42,8 @@ def register(app: typer.Typer) -> None:
             # first), before any compute is spent.
             from pofe.evaluation.audit import self_reward_identity
 
-            try:
-                _require_audit(require_audit, self_reward_identity(cfg.judge, cfg.model.name))
-            except AuditError as e:
-                fail(str(e))
-        try:
-            summary = run(cfg, resume=resume)
-        except (DataError, RunError) as e:
-            fail(str(e))
+            _require_audit(require_audit, self_reward_identity(cfg.judge, cfg.model.name))
+        summary = run(cfg, resume=resume)
         rows = compact(summary)
         if json_out:
             emit_json({"run_dir": summary["run_dir"], "final_model": summary["final_model"], "seconds": summary["seconds"],

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, fail, resolve_config
+from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
 
 
 def register(app: typer.Typer) -> None:
@@ -32,14 +32,9 @@ def register(app: typer.Typer) -> None:
         extra = {"data.ift": ift or None, "data.eft": eft or None, "model.name": model, "train.steps": steps,
                  "run.output_dir": output_dir}
         cfg = resolve_config(SFTConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.data.prompts import DataError
         from pofe.loops.sft import run
-        from pofe.runs import RunError
 
-        try:
-            summary = run(cfg, resume=resume)
-        except (DataError, RunError) as e:
-            fail(str(e))
+        summary = run(cfg, resume=resume)
         if json_out:
             emit_json(summary)
         else:

@@ -35,14 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pofe.errors import PofeError
+
 log = logging.getLogger(__name__)
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
 
 
-class DataError(ValueError):
+class DataError(PofeError, ValueError):
     """An input that cannot be read; ``str(e)`` is one line naming the file, the line or row,
     and the field. (A ``ValueError`` so callers that report bad input with exit 2 catch it.)"""
+
+    exit_code = 2
 
 
 # ----------------------------------------------------------------------------- JSON Lines

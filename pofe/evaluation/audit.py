@@ -68,6 +68,7 @@ from pofe.data.calibration import CalibrationItem, load_calibration
 from pofe.evaluation.calibrate import calibration_report
 from pofe.evaluation.stats import fit_logistic, somers_d, spearman
 from pofe.evaluation.winrate import outcome_value, verdict, wilson_interval
+from pofe.errors import PofeError
 from pofe.judges.base import as_pairwise
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.records import Judgment
@@ -128,8 +129,10 @@ class AuditConfig(PofeConfig):
     """Write the report JSON here (what ``--require-audit`` reads)."""
 
 
-class AuditError(RuntimeError):
+class AuditError(PofeError, RuntimeError):
     """A judge failed its audit (or the report is missing / unreadable). ``failed`` names the checks."""
+
+    exit_code = 2
 
     def __init__(self, message: str, failed: Sequence[str] = ()):
         super().__init__(message)

@@ -27,6 +27,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression, minimize_scalar
 from scipy.special import expit, logit
 
+from pofe.data.io import DataError
 from pofe.evaluation.stats import wilson_interval
 
 _EPS = 1e-6
@@ -131,7 +132,7 @@ def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"calibration: audit report not found: {path}") from None
+        raise DataError(f"calibration: audit report not found: {path}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"calibration: {path} is not valid JSON ({e.msg})") from None
     cal = (report.get("metrics") or {}).get("calibration") or {}

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pofe.errors import PofeError
+
 log = logging.getLogger(__name__)
 
 
@@ -114,6 +116,13 @@ def detect_kind(run: "RunData") -> str:
     return "unknown"
 
 
+class RunFolderNotFound(PofeError, FileNotFoundError):
+    """The folder given to ``pofe report`` does not exist (bad input: exit 2). Also a
+    ``FileNotFoundError`` for callers of :func:`write_report` that catch that."""
+
+    exit_code = 2
+
+
 def load_run(run_dir: str | Path) -> RunData:
     d = Path(run_dir)
     if d.is_file() and d.suffix == ".json":  # an audit report given directly
@@ -122,7 +131,7 @@ def load_run(run_dir: str | Path) -> RunData:
         run.kind = "audit"
         return run
     if not d.is_dir():
-        raise FileNotFoundError(f"run folder not found: {d}")
+        raise RunFolderNotFound(f"run folder not found: {d}")
     from pofe.runs import guard_run_dir, read_run_text
 
     guard_run_dir(d)  # its files are read never through links (a planted one would leak a file into the report)

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from pofe.generation.base import SamplingConfig, VLLMSettings
+from pofe.errors import PofeError
 from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
 
@@ -50,8 +51,10 @@ log = logging.getLogger(__name__)
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels accept
 
 
-class EngineSyncError(RuntimeError):
+class EngineSyncError(PofeError, RuntimeError):
     """Pushing weights to the vLLM engine failed; the run must stop (never sample old weights)."""
+
+    exit_code = 1
 
 
 def vllm_available() -> tuple[bool, str]:

@@ -24,28 +24,37 @@ from enum import Enum
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from pofe.records import Judgment, Score
+from pofe.errors import PofeError
 
 
 # ======================================================================================
 # Errors
 # ======================================================================================
-class JudgeError(Exception):
+class JudgeError(PofeError):
     """Base of every judge error; ``str(e)`` is one line naming what and where."""
+
+    exit_code = 1
 
 
 class JudgeConfigError(JudgeError, ValueError):
     """A judge that cannot be built as configured (a template without the slot it needs,
     choices that are not single tokens, a missing checkpoint). Bad input: exit 2."""
 
+    exit_code = 2
+
 
 class JudgeCapabilityError(JudgeError, ValueError):
     """The judge cannot do what the call site needs (e.g. a pairwise-only judge asked for a
     pointwise score). Bad input: exit 2."""
 
+    exit_code = 2
+
 
 class EndpointError(JudgeError, RuntimeError):
     """The judge endpoint could not be reached, refused the request, or kept answering
     unreadably (after bounded retries). Environment problem: exit 1."""
+
+    exit_code = 1
 
 
 def base_url_problem(url: Any) -> str | None:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Literal
 import torch
 from pydantic import Field, model_validator
 
-from pofe.config import PofeConfig
+from pofe.config import ConfigError, PofeConfig
 from pofe.data.preferences import load_preferences
 from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
 from pofe.generation import SamplingConfig, generate, make_generator
@@ -333,7 +333,7 @@ def load_data(cfg: OnlineConfig) -> tuple[list, list[Prompt]]:
         train_prompts, eval_prompts = split_heldout(prompts, cfg.eval.num_prompts if cfg.eval.enabled else 0, cfg.seed)
     if cfg.mode == "offline":
         if not cfg.data.preferences:
-            raise ValueError("mode=offline needs data.preferences (a prompt/chosen/rejected file)")
+            raise ConfigError("mode=offline needs data.preferences (a prompt/chosen/rejected file)")
         return load_preferences(cfg.data.preferences).pairs, eval_prompts
     return train_prompts, eval_prompts
 

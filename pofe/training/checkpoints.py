@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pofe.training.guards import check_finite_weights
+from pofe.errors import PofeError
 
 FORMAT = 2
 """trainer_state.json format; 1 was the pickled trainer_state.pt (refused, never read)."""
@@ -37,8 +38,10 @@ FINAL_MARKER = "pofe_final.json"
 """Written last into ``final/``: the files and their sizes, so a torn folder is detected."""
 
 
-class CheckpointError(Exception):
+class CheckpointError(PofeError):
     """A checkpoint or final model that cannot be trusted. ``str(e)`` is one line."""
+
+    exit_code = 2
 
 
 # ----------------------------------------------------------------------------- RNG

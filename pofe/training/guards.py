@@ -9,11 +9,15 @@ import os
 import signal
 from typing import Any
 
+from pofe.errors import PofeError
 
-class NonFiniteLoss(RuntimeError):
+
+class NonFiniteLoss(PofeError, RuntimeError):
     """A NaN/inf loss. Raised before ``optimizer.step()`` and before any checkpoint, so the last
     checkpoint on disk stays finite (issue 14: a NaN loss was once logged as ``null`` and a NaN
     checkpoint saved before the crash). ``str(e)`` is one line naming the step and the pair."""
+
+    exit_code = 1
 
 
 def check_finite(loss: Any, *, step: int, detail: str = "") -> None:
@@ -33,10 +37,12 @@ def check_finite(loss: Any, *, step: int, detail: str = "") -> None:
                             f"and before any checkpoint (lower optim.lr or check the data)")
 
 
-class NonFiniteWeights(RuntimeError):
+class NonFiniteWeights(PofeError, RuntimeError):
     """Weights that an optimiser step made NaN/inf (a finite loss with a diverging update, e.g.
     a far too large ``optim.lr``). Raised before such weights are checkpointed, so a resume
     never starts from them. ``str(e)`` is one line naming the step and a tensor."""
+
+    exit_code = 1
 
 
 def check_finite_weights(tensors: dict[str, Any], *, step: int) -> None:
@@ -50,8 +56,10 @@ def check_finite_weights(tensors: dict[str, Any], *, step: int) -> None:
                                    f"checkpointed, the last checkpoint on disk is from before it (lower optim.lr)")
 
 
-class MultiProcessRefused(Exception):
+class MultiProcessRefused(PofeError):
     """A command that does not run data-parallel was started with ``WORLD_SIZE > 1``."""
+
+    exit_code = 2
 
 
 def world_size() -> int:
