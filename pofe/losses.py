@@ -27,11 +27,15 @@ Paper defaults (OAIF Sec. 4.1): beta = 0.1 (DPO), 1.0 (IPO), 0.002 (SLiC).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Annotated, Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+from pydantic import AfterValidator
+
+from pofe.plugins import PluginError, lookup, name_validator
 
 DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
 
@@ -57,7 +61,8 @@ class PreferenceLoss(Protocol):
     """What a DAP loss is (the loss registry's value type, what ``dap_backward`` calls): a pure
     function of summed completion log-probs of policy and reference on chosen / rejected
     responses, with ``p`` = P(chosen better) as a soft label (1.0 = a hard label). A new loss
-    is one function with this signature added to :data:`LOSSES`."""
+    is one function with this signature added to :data:`LOSSES`, or declared by another
+    package in the entry-point group ``pofe.losses`` (:mod:`pofe.plugins`)."""
 
     def __call__(
         self,
@@ -158,15 +163,56 @@ def soft_bt_loss(margin: torch.Tensor, p: float | torch.Tensor = 1.0) -> torch.T
 RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"soft-bt": soft_bt_loss}
 
 
+def _plugin_default_beta(fn: Any) -> float | None:
+    beta = getattr(fn, "default_beta", None)
+    if beta is None:
+        try:
+            param = inspect.signature(fn).parameters.get("beta")
+        except (TypeError, ValueError):
+            param = None
+        if param is not None and param.default is not inspect.Parameter.empty:
+            beta = param.default
+    return None if beta is None else float(beta)
+
+
+def _check_loss_plugin(name: str, fn: Any) -> None:
+    # A plugin loss needs a beta for ``loss.beta: null`` just as the built-ins have the paper's:
+    # refused when the config is parsed, not when the first step divides by None.
+    if not callable(fn):
+        raise PluginError(f"loss plugin {name!r} is a {type(fn).__name__}, not a function with PreferenceLoss's signature")
+    beta = _plugin_default_beta(fn)
+    if beta is None or not beta > 0:
+        raise PluginError(f"loss plugin {name!r} declares no default beta > 0 (give its beta keyword a default, "
+                          f"or set a default_beta attribute)")
+
+
+def _check_rm_loss_plugin(name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise PluginError(f"reward-model loss plugin {name!r} is a {type(fn).__name__}, not a function (margin, p) -> losses")
+
+
+LossName = Annotated[str, AfterValidator(name_validator("pofe.losses", lambda: LOSSES, _check_loss_plugin))]
+"""A config field naming a DAP loss: a key of :data:`LOSSES` or a ``pofe.losses`` plugin."""
+
+RMLossName = Annotated[str, AfterValidator(name_validator("pofe.rm_losses", lambda: RM_LOSSES, _check_rm_loss_plugin))]
+"""A config field naming a reward-model loss: a key of :data:`RM_LOSSES` or a ``pofe.rm_losses`` plugin."""
+
+
 def get_loss(name: str) -> PreferenceLoss:
-    try:
-        return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+    """The DAP loss named ``name``: built in (:data:`LOSSES`), else a ``pofe.losses`` plugin."""
+    return lookup("pofe.losses", name, LOSSES)
+
+
+def default_beta(name: str) -> float:
+    """beta when ``loss.beta`` is unset: the paper's for a built-in loss (:data:`DEFAULT_BETA`,
+    OAIF Sec. 4.1), a plugin loss's own (``default_beta`` attribute, else its ``beta`` keyword's default)."""
+    if name in DEFAULT_BETA:
+        return DEFAULT_BETA[name]
+    fn = get_loss(name)
+    _check_loss_plugin(name, fn)
+    return _plugin_default_beta(fn)  # type: ignore[return-value]
 
 
 def get_rm_loss(name: str) -> Callable[..., torch.Tensor]:
-    try:
-        return RM_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown reward-model loss {name!r}; choose one of {sorted(RM_LOSSES)}") from None
+    """The reward-model loss named ``name``: built in (:data:`RM_LOSSES`), else a ``pofe.rm_losses`` plugin."""
+    return lookup("pofe.rm_losses", name, RM_LOSSES)

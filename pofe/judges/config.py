@@ -13,11 +13,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationInfo,
+                      WrapValidator, field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
 from pofe.config import ConfigError, PofeConfig
 from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
+from pofe.plugins import PluginError, is_plugin, lookup, name_validator, package_of, plugin_names
 
 # The embedded model's name; kept equal to pofe.models.DEFAULT_MODEL (tested), not imported
 # from there because pofe.models imports torch and this module must not.
@@ -374,9 +377,23 @@ class VLLMJudgeConfig(_PairwiseLLMSettings):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, SW, LP})
 
 
+BUILTIN_BACKENDS = ("transformers", "llamacpp", "openai", "vllm")
+"""The keys of ``pofe.judges.backends.BACKENDS`` (not imported here: it imports every backend module)."""
+
+
+def _check_backend_plugin(name: str, obj: Any) -> None:
+    if not callable(obj):
+        raise PluginError(f"judge backend plugin {name!r} is a {type(obj).__name__}, not a class or function "
+                          f"(judge_config, **runtime) -> backend")
+
+
+BackendName = Annotated[str, AfterValidator(name_validator("pofe.judge_backends", BUILTIN_BACKENDS, _check_backend_plugin))]
+"""A judge backend: built in, or a ``pofe.judge_backends`` plugin (:mod:`pofe.plugins`)."""
+
+
 class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
-    backend: Literal["transformers", "llamacpp", "openai", "vllm"] = "transformers"
-    """Where the judge model runs."""
+    backend: BackendName = "transformers"
+    """Where the judge model runs: transformers, llamacpp, openai, vllm, or a backend an installed plugin package adds."""
     vllm: VLLMSettings = VLLMSettings()
     """backend vllm: the in-process engine."""
     endpoint: EndpointConfig = EndpointConfig()
@@ -392,7 +409,7 @@ class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
         why = f"judge.backend is {b}"
         out += [(k, why) for k, used in (("endpoint", "openai"), ("llamacpp", "llamacpp"), ("vllm", "vllm"))
                 if b != used and _is_set(self, k)]
-        if b != "transformers":  # only the in-process transformers backend loads the model with these
+        if b in ("llamacpp", "openai", "vllm"):  # only transformers (or a plugin, which reads the config itself) loads the model with these
             out += [(k, why + ": the model is not loaded by transformers in this process")
                     for k in _set_keys(self, _IN_PROCESS_KEYS if b != "vllm" else tuple(
                         k for k in _IN_PROCESS_KEYS if k != "max_length"))]
@@ -506,6 +523,67 @@ def _identity_fields(d: Any) -> Any:
     return d
 
 
+# ----------------------------------------------------------------------------- plugin kinds
+def _check_judge_plugin(name: str, obj: Any) -> None:
+    """A ``pofe.judges`` plugin is a pydantic model class (its settings, the ``options``) with a
+    ``build(self, **runtime)`` method returning the judge and a ``capabilities`` class attribute."""
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel) and callable(getattr(obj, "build", None))):
+        raise PluginError(f"judge kind plugin {name!r} must be a pydantic model class (its options) with a "
+                          f"build(self, **runtime) method, got {obj!r}")
+    try:
+        caps = frozenset(Capability(c) for c in getattr(obj, "capabilities", ()))
+    except (TypeError, ValueError):
+        caps = frozenset()
+    if not caps & {Capability.PAIRWISE, Capability.POINTWISE}:
+        raise PluginError(f"judge kind plugin {name!r} must declare capabilities, a set with 'pairwise' and/or "
+                          f"'pointwise' (of {[c.value for c in Capability]}), got {getattr(obj, 'capabilities', None)!r}")
+
+
+def judge_plugin(kind: str) -> type[BaseModel]:
+    """The options class of the plugin judge kind ``kind`` (imported now; PluginError if none or broken)."""
+    obj = lookup("pofe.judges", kind, {})
+    _check_judge_plugin(kind, obj)
+    return obj
+
+
+class PluginJudgeConfig(_JudgeKind):
+    """A judge kind that an installed plugin package adds (entry-point group ``pofe.judges``,
+    :mod:`pofe.plugins`): ``kind`` is its entry point's name, ``options`` its own settings,
+    validated by its own pydantic model when the config is parsed."""
+
+    kind: str
+    options: Any = Field(default_factory=dict, validate_default=True)
+    """The plugin's settings (its documentation lists them); a bad one is an error naming ``judge.options.<key>``."""
+
+    @field_validator("kind")
+    @classmethod
+    def _installed(cls, v: str) -> str:
+        if v in JUDGE_CONFIGS:
+            raise PydanticCustomError("unknown_name", "{message}", {"message": f"{v!r} is a built-in kind, not a plugin's"})
+        try:
+            judge_plugin(v)
+        except PluginError as e:
+            raise PydanticCustomError("unknown_name", "{message}", {"message": str(e)}) from None
+        return v
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _plugin_options(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if kind is None:
+            return v  # the kind itself was refused: that is the error
+        options_cls = judge_plugin(kind)
+        return v if isinstance(v, options_cls) else options_cls.model_validate({} if v is None else v)
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
+        return frozenset(Capability(c) for c in type(self.options).capabilities)
+
+    def identity(self) -> dict[str, Any]:
+        # the package and its version: an audit of another version of the plugin's judge is another judge's
+        return {**super().identity(), "plugin": package_of("pofe.judges", self.kind)}
+
+
 JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {
     "llm": LLMJudgeConfig,
     "vllm": VLLMJudgeConfig,
@@ -519,12 +597,46 @@ JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {
     "callable": CallableJudgeConfig,
     "reward-model": RewardModelJudgeConfig,
 }
-"""kind -> config class (the plain mapping; the builders are in ``pofe.judges.registry``)."""
+"""kind -> config class of the built-in kinds (the plain mapping; the builders are in
+``pofe.judges.registry``). A plugin kind's config is a :class:`PluginJudgeConfig`."""
 
-AnyJudgeConfig = Union[tuple(JUDGE_CONFIGS.values())]  # type: ignore[valid-type]
+AnyJudgeConfig = Union[tuple(JUDGE_CONFIGS.values()) + (PluginJudgeConfig,)]  # type: ignore[valid-type]
 
-JudgeConfig = Annotated[AnyJudgeConfig, Field(discriminator="kind")]
-"""The type of a command's ``judge:`` section: one of the kinds, chosen by ``kind``."""
+_PLUGIN_TAG = "<plugin>"  # not a possible kind name of an entry point
+
+
+def _judge_tag(v: Any) -> str | None:
+    """The union member of a judge section: its kind, or the plugin member."""
+    if isinstance(v, PluginJudgeConfig):
+        return _PLUGIN_TAG
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind if kind is None or isinstance(kind, str) else str(kind)
+
+
+def _route_kind(v: Any, handler) -> Any:
+    """A kind that is not built in: an installed plugin's (its config class is the plugin's,
+    not a union member, so it is validated here), else an error listing every kind."""
+    kind = v.get("kind") if isinstance(v, dict) else None
+    if kind is None or (isinstance(kind, str) and kind in JUDGE_CONFIGS):
+        return handler(v)
+    try:
+        if is_plugin("pofe.judges", kind, JUDGE_CONFIGS):
+            return PluginJudgeConfig.model_validate(v)
+        known = ", ".join(repr(k) for k in [*JUDGE_CONFIGS, *plugin_names("pofe.judges")])
+    except PluginError as e:  # a plugin named like a built-in kind, or two plugins of one name
+        raise PydanticCustomError("unknown_name", "{message}", {"message": str(e)}) from None
+    raise PydanticCustomError("union_tag_invalid", "unknown kind '{tag}'; choose one of {expected_tags}",
+                              {"tag": str(kind), "expected_tags": known, "discriminator": "'kind'"})
+
+
+JudgeConfig = Annotated[
+    Union[tuple(Annotated[c, Tag(k)] for k, c in [*JUDGE_CONFIGS.items(), (_PLUGIN_TAG, PluginJudgeConfig)])],  # type: ignore[valid-type]
+    Discriminator(_judge_tag),
+    WrapValidator(_route_kind),
+]
+"""The type of a command's ``judge:`` section: one of the kinds, chosen by ``kind``; a kind
+that is not built in is an installed plugin's (:class:`PluginJudgeConfig`) or an error
+naming ``<section>.kind`` and listing every kind, plugins' included."""
 
 _ADAPTER: TypeAdapter | None = None
 

@@ -13,6 +13,10 @@ Kinds:
 * ``length``, ``keyword``, ``reference-overlap``, ``callable`` — programmatic judges.
 * ``reward-model`` — a sequence-classification reward model.
 
+Plugins (:mod:`pofe.plugins`): a kind from the entry-point group ``pofe.judges`` is built by
+its options class's ``build(**runtime)``; a backend from ``pofe.judge_backends`` is called as
+``backend(judge_config, **runtime)``.
+
 Importing this module loads no model library; each builder imports what it needs.
 """
 
@@ -37,6 +41,7 @@ from pofe.judges.config import (
     LLMJudgeConfig,
     VLLMJudgeConfig,
     OpenAIJudgeConfig,
+    PluginJudgeConfig,
     ReferenceOverlapJudgeConfig,
     RewardModelJudgeConfig,
     RubricConfig,
@@ -48,7 +53,7 @@ __all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_ju
            "CacheConfig", "CotConfig", "EndpointConfig", "LlamaCppConfig", "RubricConfig", "LLMJudgeConfig",
            "LlamaCppJudgeConfig", "OpenAIJudgeConfig", "RubricJudgeConfig", "ExpectedScoreJudgeConfig",
            "LengthJudgeConfig", "KeywordJudgeConfig", "ReferenceOverlapJudgeConfig", "CallableJudgeConfig",
-           "RewardModelJudgeConfig", "VLLMJudgeConfig", "parse_judge_config"]
+           "RewardModelJudgeConfig", "VLLMJudgeConfig", "PluginJudgeConfig", "parse_judge_config"]
 
 
 # -- builders ------------------------------------------------------------------------------
@@ -88,10 +93,14 @@ def make_backend(cfg, kind: str, **runtime):
     """The backend named ``kind`` (a key of :data:`pofe.judges.backends.BACKENDS`) built from
     the judge config's settings for it."""
     from pofe.judges.backends import BACKENDS
+    from pofe.plugins import PluginError, lookup
 
-    if kind not in BACKENDS:
-        raise JudgeConfigError(f"unknown judge backend {kind!r}; choose one of {sorted(BACKENDS)}")
-    cls = BACKENDS[kind]
+    try:
+        cls = lookup("pofe.judge_backends", kind, BACKENDS)
+    except PluginError as e:
+        raise JudgeConfigError(str(e)) from None
+    if kind not in BACKENDS:  # a plugin's: it reads what it needs from the judge config itself
+        return cls(cfg, **runtime)
     if kind == "transformers":
         return cls(cfg.model, model=runtime.get("model"), tokenizer=runtime.get("tokenizer"),
                    revision=cfg.revision, dtype=cfg.dtype, device=cfg.device,
@@ -211,6 +220,8 @@ def build_judge(cfg, **runtime):
     """
     if isinstance(cfg, dict):
         cfg = parse_judge_config(cfg)
+    if isinstance(cfg, PluginJudgeConfig):  # a plugin kind builds its judge from its own options
+        return cfg.options.build(**runtime)
     builder = JUDGES[cfg.kind]
     return builder(cfg, **runtime) if runtime else builder(cfg)
 

@@ -54,7 +54,7 @@ from pofe.generation import SamplingConfig, generate, make_generator
 from pofe.judges.base import Capability, as_pairwise, has_capability
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.registry import build_judge
-from pofe.losses import DEFAULT_BETA, get_loss
+from pofe.losses import LossName, default_beta, get_loss
 from pofe.models import same_model
 from pofe.evaluation.vs_initial import evaluate_vs_initial
 from pofe.records import Completion, Prompt
@@ -82,8 +82,8 @@ log = logging.getLogger(__name__)
 class LossSettings(PofeConfig):
     """The DAP loss (OAIF Eq. 1-3)."""
 
-    name: Literal["dpo", "ipo", "slic"] = "dpo"
-    """dpo (Eq. 1), ipo (Eq. 2) or slic (Eq. 3)."""
+    name: LossName = "dpo"
+    """dpo (Eq. 1), ipo (Eq. 2), slic (Eq. 3), or a loss an installed plugin package adds (``pofe.losses``)."""
     beta: float | None = Field(None, gt=0)
     """None = the paper's value for the loss (Sec. 4.1): DPO 0.1, IPO 1.0, SLiC 0.002. Must be
     > 0: a negative beta trains *against* the judge while the loss looks normal."""
@@ -93,7 +93,7 @@ class LossSettings(PofeConfig):
 
     @property
     def beta_value(self) -> float:
-        return self.beta if self.beta is not None else DEFAULT_BETA[self.name]
+        return self.beta if self.beta is not None else default_beta(self.name)
 
 
 class TrainSettings(PofeConfig):

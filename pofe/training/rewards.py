@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pofe.config import ConfigError, PofeConfig
 from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig
-from pofe.training.rl import JudgeScoreReward, LengthReward, RewardFn
+from pofe.training.rl import JudgeScoreReward, LengthReward, RewardFn, RewardFunctionName, plugin_reward
 
 
 class PairwiseRewardConfig(PofeConfig):
@@ -96,8 +96,8 @@ class RewardConfig(PofeConfig):
                               "(the judge reads both orders itself); set reward.judge.both_orders=false too")
         return v
     # programmatic
-    function: Literal["length"] = "length"
-    """programmatic: the function of the response."""
+    function: RewardFunctionName = "length"
+    """programmatic: the function of the response: length, or a reward an installed plugin package adds (``pofe.rewards``)."""
     prefer: Literal["shorter", "longer"] = "shorter"
     """programmatic: the direction rewarded."""
     unit: Literal["tokens", "chars", "words"] = "tokens"
@@ -121,6 +121,8 @@ class RewardConfig(PofeConfig):
 def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> RewardFn:
     # RewardConfig guarantees reward.model / reward.judge for their kinds (checked when parsed).
     if cfg.kind == "programmatic":
+        if cfg.function != "length":  # a plugin's: (prompts, completions) -> (rewards, info)
+            return plugin_reward(cfg.function)
         return LengthReward(prefer=cfg.prefer, unit=cfg.unit, scale=cfg.scale, max_new_tokens=max_new_tokens)
     if cfg.kind == "pairwise":
         from pofe.training.rl import PairwiseTournamentReward

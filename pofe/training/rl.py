@@ -12,11 +12,14 @@ Pure functions where possible, so the numbers can be checked by hand (tests/test
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import AfterValidator
 
+from pofe.plugins import PluginError, lookup, name_validator
 from pofe.records import Completion
 
 
@@ -167,6 +170,53 @@ class CallableReward(RewardFn):
 
     def __call__(self, prompts, completions):
         return [self.f(x, c) for x, c in zip(prompts, completions)], {}
+
+
+class PluginReward(RewardFn):
+    """A reward function from an installed plugin package (entry-point group ``pofe.rewards``,
+    :mod:`pofe.plugins`): ``f(prompts, completions) -> (rewards, info)``, the :class:`RewardFn`
+    contract. Its answer is checked on every call: one reward per completion, each a finite
+    number or None (unscored: no gradient), and a dict of info (``info["metrics"]`` is logged
+    in the step's row, as a tournament's counts are)."""
+
+    def __init__(self, name: str, fn: Callable[..., Any]):
+        self.name, self.fn = name, fn
+        self.id = getattr(fn, "id", None) or f"plugin:{name}"
+
+    def __call__(self, prompts, completions):
+        out = self.fn(list(prompts), list(completions))
+        where = f"reward plugin {self.name!r}"
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise PluginError(f"{where} returned {type(out).__name__}, not a (rewards, info dict) pair")
+        rewards, info = out
+        rewards = list(rewards)
+        if len(rewards) != len(completions):
+            raise PluginError(f"{where} returned {len(rewards)} rewards for {len(completions)} completions")
+        for i, r in enumerate(rewards):
+            # a NaN is a broken reward, never an unscored sample: None says that
+            if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)):
+                raise PluginError(f"{where} returned reward {r!r} for completion {i}: a finite number or None")
+        return [None if r is None else float(r) for r in rewards], info
+
+
+def _check_reward_plugin(name: str, fn: Any) -> None:
+    if isinstance(fn, type) or not callable(fn):
+        raise PluginError(f"reward plugin {name!r} must be a function or callable object (prompts, completions) -> "
+                          f"(rewards, info), got {fn!r}")
+
+
+REWARD_FUNCTIONS = ("length",)
+"""Built-in programmatic rewards (``reward.function``)."""
+
+RewardFunctionName = Annotated[str, AfterValidator(name_validator("pofe.rewards", REWARD_FUNCTIONS, _check_reward_plugin))]
+"""``reward.function``: a built-in programmatic reward or a ``pofe.rewards`` plugin."""
+
+
+def plugin_reward(name: str) -> PluginReward:
+    """The ``pofe.rewards`` plugin ``name`` as a :class:`RewardFn`."""
+    fn = lookup("pofe.rewards", name, {})
+    _check_reward_plugin(name, fn)
+    return PluginReward(name, fn)
 
 
 def score_distribution(scores) -> dict[str, Any] | None:
