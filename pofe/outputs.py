@@ -1,6 +1,6 @@
 """One guard for every user-given output path: :func:`guard_outputs`.
 
-A command that writes a file the user named (``-o``, ``--out``, ``html=``) must never destroy
+A command that writes a file the user named (``-o``, ``--output``, ``html=``) must never destroy
 what it reads or what another process is writing. Before anything is read or written, each
 output is checked against
 
@@ -103,7 +103,7 @@ def guard_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str
     output, or a live run's files. ``outputs`` maps the flag the user wrote (``-o``,
     ``--set html``) to its path (None: not given, skipped); ``inputs`` are every file or
     folder the command reads (None and non-paths such as ``advbench`` are skipped);
-    ``folders`` names the flags whose output is a folder (``pofe report --out``)."""
+    ``folders`` names the flags whose output is a folder (``pofe report --output``)."""
     given = {flag: Path(str(p)).expanduser() for flag, p in outputs.items() if p is not None and str(p) != ""}
     srcs = []
     for s in inputs:

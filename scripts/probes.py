@@ -257,7 +257,7 @@ def rm_args(ctx: Ctx, d: Path, *extra: str, train: Path | None = None) -> list[s
 
 
 def judge_args(ctx: Ctx, d: Path, *extra: str, inp: Path | None = None, kind: str = "length") -> list[str]:
-    return ["judge", str(inp or D(ctx, "pairs.jsonl")), "--kind", kind, *sets(f"run.output_dir={d / 'runs'}", *extra)]
+    return ["judge", str(inp or D(ctx, "pairs.jsonl")), "--judge", kind, *sets(f"run.output_dir={d / 'runs'}", *extra)]
 
 
 def label_pairs_args(ctx: Ctx, d: Path, *extra: str, pairs: Path | None = None, name: str = "r") -> list[str]:
@@ -372,7 +372,7 @@ def probes_bad_config() -> list[Probe]:
             ("online: mode=offline without data.preferences", with_set("online", "mode=offline"), "data.preferences")):
         out.append(cli(name, "bad input", f"exit 2 naming {key}; no run folder left", args_fn, code=2, needles=(key,),
                        check=lambda c, d: "a run folder was created" if any((d / "runs").glob("*/config.yaml")) else None))
-    out.append(cli("judge: no input file", "bad input", "exit 2, one line", lambda c, d: ["judge", "--kind", "length"], code=2))
+    out.append(cli("judge: no input file", "bad input", "exit 2, one line", lambda c, d: ["judge", "--judge", "length"], code=2))
     out.append(cli("rm: no --train", "bad input", "exit 2 naming data.train",
                    lambda c, d: ["rm", *sets(f"model.name={c.tiny}", f"run.output_dir={d / 'runs'}")], code=2,
                    needles=("data.train",)))

@@ -131,8 +131,8 @@ def probes(P) -> list:
                                      str(responses(d, "b.jsonl", "B", range(3))), "--judge", "length", "-o",
                                      str(r / "eval.jsonl"), *P.sets("refusal=false")], ("-o",),
                     "exit 2 naming the PID; nothing written there"))
-    out.append(live("report --out into a live run's folder",
-                    lambda c, d, r: ["report", str(report_src(d)), "--out", str(r / "report")], ("--out",),
+    out.append(live("report --output into a live run's folder",
+                    lambda c, d, r: ["report", str(report_src(d)), "--output", str(r / "report")], ("--output",),
                     "exit 2 naming the PID; no report folder there"))
     out.append(live("export --format datasets -o into a live run's folder",
                     lambda c, d, r: ["export", str(prefs(d, "prefs.jsonl")), "--format", "datasets", "-o",

@@ -98,7 +98,7 @@ def test_export_datasets_and_json_load_in_datasets(tmp_path):
 def test_export_from_judge_verdicts_run(tmp_path):
     rows = _jsonl(tmp_path / "rows.jsonl", [{"prompt": "q1", "response_a": "short", "response_b": "much longer answer"},
                                             {"prompt": "q2", "response_a": "a long long answer", "response_b": "tiny"}])
-    r = runner.invoke(app, ["judge", str(rows), "--kind", "length", "--json", "--set", f"run.output_dir={tmp_path}",
+    r = runner.invoke(app, ["judge", str(rows), "--judge", "length", "--json", "--set", f"run.output_dir={tmp_path}",
                             "--set", "run.name=j"])
     assert r.exit_code == 0, r.output
     verdicts = [json.loads(x) for x in (tmp_path / "j" / "verdicts.jsonl").read_text().splitlines()]
@@ -134,7 +134,7 @@ def test_export_bad_input_is_one_line_exit_2(tmp_path):
 def test_output_never_overwrites_the_input(tmp_path, cmd):
     rows = _jsonl(tmp_path / "rows.jsonl", [{"prompt": "q", "response_a": "a", "response_b": "bb", "response": "r"}])
     before = rows.read_text()
-    args = (["judge", str(rows), "--kind", "length", "--set", f"run.output_dir={tmp_path}"] if cmd == "judge" else
+    args = (["judge", str(rows), "--judge", "length", "--set", f"run.output_dir={tmp_path}"] if cmd == "judge" else
             ["eval", "--set", f"policy_a={rows}", "--set", f"policy_b={rows}", "--set", "judge.kind=length"])
     for out in (str(rows), str(tmp_path / "." / "rows.jsonl")):
         r = runner.invoke(app, [*args, "-o", out])
@@ -147,20 +147,20 @@ def test_output_never_overwrites_the_input(tmp_path, cmd):
 def test_judge_bad_last_line_and_skip_bad_rows(tmp_path):
     f = tmp_path / "rows.jsonl"
     f.write_text('{"prompt": "q", "response_a": "a", "response_b": "bb"}\n{"prompt": "q2", "respo')
-    r = runner.invoke(app, ["judge", str(f), "--kind", "length", "--set", f"run.output_dir={tmp_path}"])
+    r = runner.invoke(app, ["judge", str(f), "--judge", "length", "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 2 and "rows.jsonl:2: invalid JSON" in r.stderr
-    r = runner.invoke(app, ["judge", str(f), "--kind", "length", "--skip-bad-rows", "--json",
+    r = runner.invoke(app, ["judge", str(f), "--judge", "length", "--skip-bad-rows", "--json",
                             "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 0 and json.loads(r.stdout)["n"] == 1
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "q", "response_a": "a", "response_b": "bb"}')  # one line, no newline
-    r = runner.invoke(app, ["judge", str(bom), "--kind", "length", "--json", "--set", f"run.output_dir={tmp_path}"])
+    r = runner.invoke(app, ["judge", str(bom), "--judge", "length", "--json", "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 0 and json.loads(r.stdout)["n"] == 1
     (tmp_path / "empty.jsonl").write_text("\n")
-    r = runner.invoke(app, ["judge", str(tmp_path / "empty.jsonl"), "--kind", "length", "--set", f"run.output_dir={tmp_path}"])
+    r = runner.invoke(app, ["judge", str(tmp_path / "empty.jsonl"), "--judge", "length", "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 2 and "no rows to judge" in r.stderr
     for bad in ("chunk_size=0", "limit=-1"):
-        r = runner.invoke(app, ["judge", str(f), "--kind", "length", "--set", bad])
+        r = runner.invoke(app, ["judge", str(f), "--judge", "length", "--set", bad])
         assert r.exit_code == 2 and bad.split("=")[0] in r.stderr
 
 

@@ -142,7 +142,7 @@ def test_deeply_nested_json_is_a_located_error(tmp_path, suffix):
 def test_deeply_nested_json_on_the_cli_is_one_line(tmp_path):
     f = tmp_path / "pairs.jsonl"
     f.write_text('{"prompt": "Q?", "response_a": "a", "response_b": %s}\n' % ("[" * 200_000 + "]" * 200_000))
-    line = _error(invoke("judge", str(f), "--kind", "length", "--set", f"run.output_dir={tmp_path / 'runs'}"))
+    line = _error(invoke("judge", str(f), "--judge", "length", "--set", f"run.output_dir={tmp_path / 'runs'}"))
     assert "pairs.jsonl:1" in line and "nested too deeply" in line
 
 

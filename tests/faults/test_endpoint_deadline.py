@@ -137,7 +137,7 @@ def test_trickling_endpoint_fails_the_command_within_the_deadline(tmp_path, mode
     pairs.write_text(json.dumps({"prompt": "q", "response_a": "a", "response_b": "b"}) + "\n")
     try:
         t0 = time.monotonic()
-        res = invoke("judge", str(pairs), "--kind", "openai", "--set", f"judge.endpoint.base_url={s.url}",
+        res = invoke("judge", str(pairs), "--judge", "openai", "--set", f"judge.endpoint.base_url={s.url}",
                      "--set", "judge.endpoint.timeout_s=1", "--set", "judge.endpoint.max_retries=2",
                      "--set", "judge.endpoint.backoff_s=0.01", "--set", "judge.endpoint.max_backoff_s=0.02",
                      "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "judge.cache.enabled=false")
@@ -233,7 +233,7 @@ def test_a_reply_past_the_size_cap_is_a_failed_read(monkeypatch):
 def test_malformed_base_url_is_a_config_error_naming_the_key(tmp_path, url):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "q", "response_a": "a", "response_b": "b"}) + "\n")
-    res = invoke("judge", str(pairs), "--kind", "openai", "--set", f"judge.endpoint.base_url={url}",
+    res = invoke("judge", str(pairs), "--judge", "openai", "--set", f"judge.endpoint.base_url={url}",
                  "--set", f"run.output_dir={tmp_path / 'runs'}")
     lines = error_lines(res)
     assert res.returncode == 2, res.stderr

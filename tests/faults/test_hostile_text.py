@@ -123,7 +123,7 @@ def _judge(tmp_path: Path, texts: dict[str, str]) -> Path:
     inp = tmp_path / "pairs.jsonl"
     inp.write_text(json_lines(_pairs(texts)), encoding="utf-8")
     out = tmp_path / "verdicts.jsonl"
-    _ok(invoke("judge", str(inp), "--kind", "length", "-o", str(out), "--set", f"run.output_dir={tmp_path / 'runs'}"))
+    _ok(invoke("judge", str(inp), "--judge", "length", "-o", str(out), "--set", f"run.output_dir={tmp_path / 'runs'}"))
     return out
 
 

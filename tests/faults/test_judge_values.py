@@ -84,7 +84,7 @@ def test_pofe_judge_with_a_nan_callable_reports_unreadable_rows(tmp_path, values
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": "q", "response_a": "a", "response_b": "bb"}) + "\n" for _ in range(3)))
-    res = invoke("judge", str(pairs), "--kind", "callable", "--set", f"judge.callable={values_module}:nan",
+    res = invoke("judge", str(pairs), "--judge", "callable", "--set", f"judge.callable={values_module}:nan",
                  "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.name=r")
     rows = [json.loads(x) for x in (tmp_path / "runs" / "r" / "verdicts.jsonl").read_text().splitlines()]
     assert res.returncode == 0, res.stderr
@@ -198,7 +198,7 @@ def test_command_defaults_never_trigger_it_and_a_set_key_is_named_on_the_command
     for cls in (JudgeCommandConfig, LabelConfig, OnlineConfig):
         load_config(cls)
         load_config(cls, overrides=["judge.cot.enabled=true", "judge.cot.clamp=[0.3, 0.7]"])
-    res = invoke("judge", str(tmp_path / "none.jsonl"), "--kind", "rubric", "--set", "judge.endpoint.model=m",
+    res = invoke("judge", str(tmp_path / "none.jsonl"), "--judge", "rubric", "--set", "judge.endpoint.model=m",
                  "--set", f"run.output_dir={tmp_path / 'runs'}")
     lines = error_lines(res)
     assert res.returncode == 2 and len(lines) == 1 and "judge.endpoint" in lines[0], res.stderr

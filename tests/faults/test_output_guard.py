@@ -108,7 +108,7 @@ def test_audit_output_onto_a_file_inside_a_calibration_folder_is_refused(tmp_pat
 def test_judge_output_into_a_live_run_folder_is_refused_naming_the_pid(tmp_path, live_run):
     run, labels, pid = live_run
     before = labels.read_bytes()
-    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--kind", "length", "-o", str(labels),
+    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--judge", "length", "-o", str(labels),
                  "--set", f"run.output_dir={tmp_path / 'jr'}")
     assert res.returncode == 2
     line = _one_error(res)
@@ -121,7 +121,7 @@ def test_judge_output_on_a_hard_link_to_the_input_is_refused(tmp_path):
     link = tmp_path / "other-name.jsonl"
     os.link(pairs, link)
     before = pairs.read_bytes()
-    res = invoke("judge", str(pairs), "--kind", "length", "-o", str(link), "--set", f"run.output_dir={tmp_path / 'r'}")
+    res = invoke("judge", str(pairs), "--judge", "length", "-o", str(link), "--set", f"run.output_dir={tmp_path / 'r'}")
     assert res.returncode == 2
     assert "input file" in _one_error(res)
     assert pairs.read_bytes() == before
@@ -132,7 +132,7 @@ def test_judge_output_into_a_finished_run_folder_is_allowed(tmp_path):
     done = tmp_path / "runs" / "done"
     done.mkdir(parents=True)
     (done / ".lock").write_text("99999999\n")
-    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--kind", "length", "-o", str(done / "v.jsonl"),
+    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--judge", "length", "-o", str(done / "v.jsonl"),
                  "--set", f"run.output_dir={tmp_path / 'r'}")
     assert res.returncode == 0, res.stderr[-2000:]
     assert len((done / "v.jsonl").read_text().splitlines()) == 4
@@ -182,7 +182,7 @@ def test_report_out_into_a_live_run_folder_is_refused(tmp_path, live_run):
     src.mkdir()
     (src / "config.yaml").write_text("seed: 0\n")
     _jsonl(src / "metrics.jsonl", [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}])
-    res = invoke("report", str(src), "--out", str(run / "report"))
+    res = invoke("report", str(src), "--output", str(run / "report"))
     assert res.returncode == 2
     assert f"PID {pid}" in _one_error(res)
     assert not (run / "report").exists()
@@ -226,7 +226,7 @@ def test_guard_lock_test_does_not_disturb_the_live_run(tmp_path, live_run):
     run, _, pid = live_run
     for _ in range(3):
         with pytest.raises(DataError, match=f"PID {pid}"):
-            guard_outputs({"--out": run / "sub" / "deeper"}, [], folders={"--out"})
+            guard_outputs({"--output": run / "sub" / "deeper"}, [], folders={"--output"})
     with pytest.raises(RunError, match=f"PID {pid}"):
         lock_run(run)
 

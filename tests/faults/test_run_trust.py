@@ -381,7 +381,7 @@ def test_bad_input_error_leaves_no_run_folder(tmp_path):
     assert res.returncode == 2
     _one_line(res, "no_such_module_xyz")
     assert not (tmp_path / "runs" / "r").exists()
-    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--kind", "callable",
+    res = invoke("judge", str(_pairs(tmp_path / "pairs.jsonl")), "--judge", "callable",
                  "--set", "judge.callable=no_such_module_xyz:score", "--set", f"run.output_dir={tmp_path / 'jruns'}")
     assert res.returncode == 2
     assert not (tmp_path / "jruns").exists() or list((tmp_path / "jruns").iterdir()) == []

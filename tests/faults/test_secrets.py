@@ -79,7 +79,7 @@ def judge(tmp_path, pairs, url, *extra, key_env="POFE_R2_JUDGE_KEY"):
             f"run.output_dir={tmp_path / 'runs'}", "run.name=r", *extra]
     if key_env:
         sets.append(f"judge.endpoint.api_key_env={key_env}")
-    return pofe("judge", str(pairs), "--kind", "openai", *[a for s in sets for a in ("--set", s)], timeout=120,
+    return pofe("judge", str(pairs), "--judge", "openai", *[a for s in sets for a in ("--set", s)], timeout=120,
                 POFE_R2_JUDGE_KEY=KEY)
 
 
@@ -143,7 +143,7 @@ def test_a_key_in_the_base_url_is_refused_without_echoing_it(tmp_path, pairs, sh
     url = {"userinfo": f"http://user:{KEY}@127.0.0.1:9/v1", "user-only": f"http://{KEY}@127.0.0.1:9/v1",
            "query": f"http://127.0.0.1:9/v1?api_key={KEY}"}[shape]
     for verbose in ((), ("-v",)):
-        res = pofe(*verbose, "judge", str(pairs), "--kind", "openai", "--set", f"judge.endpoint.base_url={url}",
+        res = pofe(*verbose, "judge", str(pairs), "--judge", "openai", "--set", f"judge.endpoint.base_url={url}",
                    "--set", f"run.output_dir={tmp_path / 'runs'}", timeout=120)
         lines = error_lines(res) if not verbose else [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
         assert res.returncode == 2 and len(lines) == 1, res.stderr
@@ -161,7 +161,7 @@ def test_a_key_pasted_into_api_key_env_is_refused_without_echoing_it(tmp_path, p
 
 def test_an_error_quoting_a_secret_env_value_is_masked(tmp_path, pairs):
     # a config error quotes the bad value; the value happens to be the key held in OPENAI_API_KEY
-    res = pofe("-v", "judge", str(pairs), "--kind", "openai", "--set", f"judge.endpoint.concurrency={KEY}",
+    res = pofe("-v", "judge", str(pairs), "--judge", "openai", "--set", f"judge.endpoint.concurrency={KEY}",
                "--set", f"run.output_dir={tmp_path / 'runs'}", timeout=120, OPENAI_API_KEY=KEY)
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert res.returncode == 2 and len(lines) == 1 and "judge.endpoint.concurrency" in lines[0], res.stderr

@@ -184,12 +184,12 @@ def test_pofe_judge_cli_with_csv_and_programmatic_judge(tmp_path):
 
     f = tmp_path / "rows.csv"
     f.write_text("prompt,response_a,response_b\nq1,short,much longer answer\nq2,a long long answer,tiny\n")
-    r = CliRunner().invoke(app, ["judge", str(f), "--kind", "length", "--json", "--set", f"run.output_dir={tmp_path}"])
+    r = CliRunner().invoke(app, ["judge", str(f), "--judge", "length", "--json", "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["n"] == 2 and s["mean_p"] == 0.5 and s["consistency_rate"] == 1.0 and s["model_calls"] == 0
     assert s["first_position_win_rate"] == 0.5
     rows = [json.loads(x) for x in open(s["output"])]
     assert [x["p"] for x in rows] == [1.0, 0.0]
-    r2 = CliRunner().invoke(app, ["judge", str(tmp_path / "missing.jsonl"), "--kind", "length"])
+    r2 = CliRunner().invoke(app, ["judge", str(tmp_path / "missing.jsonl"), "--judge", "length"])
     assert r2.exit_code == 2 and "not found" in r2.output
