@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
                       "flags for KL jumps, top-of-scale judge scores and overconfident labels.")
     def report(
         run_dir: Path = typer.Argument(..., help="Run folder (or an audit.json report)."),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default RUN_DIR/report)."),
+        out: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder (default RUN_DIR/report)."),
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.evaluation.report import load_run, write_report
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         if out is not None:  # a user-given folder: never an input, never inside a live run
             from pofe.outputs import guard_outputs
 
-            guard_outputs({"--out": out}, [run_dir], folders={"--out"})
+            guard_outputs({"--output": out}, [run_dir], folders={"--output"})
         res = write_report(run_dir, out)
         if json_out:
             emit_json(res)

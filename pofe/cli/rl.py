@@ -42,15 +42,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from pofe.loops.rl import RLConfig, run
 
-        extra = {"model.name": model, "prompts": prompts, "reward.kind": reward, "reward.model": reward_model,
+        extra = {"model.name": model, "data.prompts": prompts, "reward.kind": reward, "reward.model": reward_model,
                  "algo": algo, "train.steps": steps, "run.output_dir": output_dir, "run.name": name}
         if reward_model and not reward:
             extra["reward.kind"] = "reward-model"
         cfg = resolve_config(RLConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.evaluation.audit import gate, reward_identity
-
-        gate(require_audit, lambda: reward_identity(cfg.reward))
-        s = run(cfg, resume=resume)
+        s = run(cfg, resume=resume, require_audit=require_audit)  # the audit gate runs before any model loads
         if json_out:
             emit_json(s)
             return
