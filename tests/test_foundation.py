@@ -253,7 +253,7 @@ def test_every_model_load_passes_the_device():
 MODEL_COMMANDS = [  # every command that loads a model it runs (judges: see tests/judges)
     ("pofe.loops.online", "OnlineConfig"), ("pofe.loops.self_reward", "SelfRewardConfig"), ("pofe.loops.sft", "SFTConfig"),
     ("pofe.loops.rm", "RMConfig"), ("pofe.loops.rl", "RLConfig"), ("pofe.loops.label", "LabelConfig"),
-    ("pofe.loops.cai_revise", "CaiReviseConfig"), ("pofe.evaluation.eval", "EvalConfig"), ("pofe.cli.chat", "ChatConfig"),
+    ("pofe.loops.cai_revise", "CaiReviseConfig"), ("pofe.evaluation.eval", "EvalConfig"), ("pofe.loops.chat", "ChatConfig"),
     ("pofe.cli.cai", "RefusalEvalConfig"),
 ]
 

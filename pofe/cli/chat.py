@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, resolve_config
-from pofe.config import PofeConfig
-from pofe.generation import SamplingConfig
-from pofe.training import LoadConfig
-
-
-class ChatConfig(PofeConfig):
-    model: LoadConfig = LoadConfig()
-    """The model (``model.name``: embedded name, Hugging Face id or local directory; ``model.device``)."""
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.0)
-    seed: int = 0
+from pofe.loops.chat import ChatConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -32,19 +22,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         cfg = resolve_config(ChatConfig, config, set_, {"model.name": model}, print_config)
-        from pofe.generation import generate
-        from pofe.models import load_model
+        from pofe.loops.chat import run
 
-        t0 = time.perf_counter()
-        m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                            trust_remote_code=cfg.model.trust_remote_code)
-        load_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        outs = generate(m, tok, prompt, n=1, sampling=cfg.sampling, seed=cfg.seed)
-        gen_s = time.perf_counter() - t1
-        rows = [{"prompt": p, "response": g[0].text, "tokens": g[0].num_tokens} for p, g in zip(prompt, outs)]
+        out = run(cfg, list(prompt))
+        rows, load_s, gen_s = out["responses"], out["load_seconds"], out["generate_seconds"]
         if json_out:
-            emit_json({"model": cfg.model.name, "load_seconds": round(load_s, 3), "generate_seconds": round(gen_s, 3), "responses": rows})
+            emit_json(out)
         else:
             typer.echo(f"loaded {cfg.model.name} in {load_s:.2f} s; generated in {gen_s:.2f} s")
             for r in rows:

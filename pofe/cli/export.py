@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import typer
 
@@ -17,19 +17,7 @@ from pofe.cli.common import (
     fail,
     resolve_config,
 )
-from pofe.config import PofeConfig
-
-
-class ExportConfig(PofeConfig):
-    """``pofe export``."""
-
-    source: str | None = None
-    """A run folder (``pofe label``, ``cai revise``, ``online``, ``judge``) or a pair file."""
-    format: Literal["trl", "trl-conversational", "alpaca_eval", "datasets"] = "trl"
-    """trl: prompt/chosen/rejected/p JSONL; trl-conversational: chat messages; alpaca_eval:
-    annotations JSON (preference 1..2); datasets: a save_to_disk folder."""
-    output: str | None = None
-    """Output file (a folder for ``datasets``)."""
+from pofe.loops.export import ExportConfig
 
 
 def register(app: typer.Typer) -> None:

@@ -355,7 +355,7 @@ def test_sft_formats(tmp_path, fmt, loader):
 # ============================================================================ pofe judge input
 
 def test_judge_reads_formats_and_keeps_conversations_as_transcripts(tmp_path):
-    from pofe.cli.judge import JudgeCommandConfig, load_rows
+    from pofe.loops.judge import JudgeCommandConfig, load_rows
 
     rows = [{"prompt": CONV, "response_a": "Pear.", "response_b": "No.", "id": "r1"}]
     for src in (_jsonl(tmp_path / "j.jsonl", rows), _saved(tmp_path / "ds", rows)):
@@ -371,7 +371,7 @@ def test_judge_reads_formats_and_keeps_conversations_as_transcripts(tmp_path):
 # ============================================================================ bad input, every loader
 
 def _loaders():
-    from pofe.cli.judge import JudgeCommandConfig, load_rows
+    from pofe.loops.judge import JudgeCommandConfig, load_rows
     from pofe.data.calibration import load_calibration
     from pofe.data.preferences import load_preferences
     from pofe.data.prompts import load_prompts

@@ -191,7 +191,7 @@ def test_settings_that_apply_and_spelled_out_defaults_are_accepted(cfg):
 
 
 def test_command_defaults_never_trigger_it_and_a_set_key_is_named_on_the_command_line(tmp_path):
-    from pofe.cli.judge import JudgeCommandConfig
+    from pofe.loops.judge import JudgeCommandConfig
     from pofe.loops.label import LabelConfig
     from pofe.loops.online import OnlineConfig
 
