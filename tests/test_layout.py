@@ -217,3 +217,84 @@ def test_the_checker_sees_function_imports_package_inits_and_cli_imports(tmp_pat
     assert strongly_connected(graph) == [["pkg.a", "pkg.a.x", "pkg.b.y"], ["pkg.c", "pkg.d.z"]]
     assert one_cycle(graph, ["pkg.c", "pkg.d.z"]) == ["pkg.c", "pkg.d.z", "pkg.c"]
     assert cli_importers(direct, "pkg") == {"pkg.lib": ["pkg.cli.main"]}
+
+
+# ----------------------------------------------------------------------------- the loops are recipes
+
+LOOPS = ROOT / "loops"
+MAX_LOOP_LINES = 300
+MAX_FUNCTION_LINES = 80
+# The training commands and their loop modules: each runs on the one driver (pofe.recipe.drive).
+DRIVEN = {"online": "online", "sft": "sft", "rm": "rm", "rl": "rl", "self-reward": "self_reward", "label": "label",
+          "cai revise": "cai_revise"}
+# Run-folder, resume, checkpoint and tracking code is the driver's alone.
+DRIVER_ONLY = {"open_run", "write_config", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
+               "prune_checkpoints", "save_final", "final_complete", "MetricsSink", "Progress", "truncate_metrics",
+               "resume_files", "rewind_metrics", "rewind", "rewind_output", "checkpoint_if_due",
+               "resume_from_checkpoint", "link_final"}
+
+
+def loop_shape(root: Path) -> dict[str, list[str]]:
+    """Problems per loop module under ``root``: too many lines, a function too long, a name only the
+    driver may use (called, imported or read as an attribute), or (for a driven command) no Recipe
+    subclass and no call of ``drive``."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        bad = []
+        if len(text.splitlines()) > MAX_LOOP_LINES:
+            bad.append(f"{len(text.splitlines())} lines (max {MAX_LOOP_LINES})")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    bad.append(f"{node.name}() is {n} lines (max {MAX_FUNCTION_LINES})")
+            names = ()
+            if isinstance(node, ast.Name):
+                names = (node.id,)
+            elif isinstance(node, ast.Attribute):
+                names = (node.attr,)
+            elif isinstance(node, ast.ImportFrom):
+                names = tuple(a.name for a in node.names)
+            for n in names:
+                if n in DRIVER_ONLY:
+                    bad.append(f"uses {n} (line {node.lineno}): the driver's job")
+        docs = {id(b[0].value) for b in [[tree.body[0]] if tree.body else []]
+                + [n.body[:1] for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+                if b and isinstance(b[0], ast.Expr) and isinstance(b[0].value, ast.Constant)}
+        if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "summary.json" in n.value
+               and id(n) not in docs for n in ast.walk(tree)):
+            bad.append("writes summary.json (the driver's job)")
+        if path.stem in DRIVEN.values():
+            recipes = [c for c in tree.body if isinstance(c, ast.ClassDef)
+                       and any(getattr(b, "id", getattr(b, "attr", None)) == "Recipe" for b in c.bases)]
+            drives = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "drive"]
+            if not recipes:
+                bad.append("defines no Recipe subclass")
+            if not drives:
+                bad.append("never calls drive()")
+        if bad:
+            out[path.name] = sorted(set(bad))
+    return out
+
+
+def test_every_training_command_is_a_recipe_on_the_one_driver():
+    assert {f"{m}.py" for m in DRIVEN.values()} <= {p.name for p in LOOPS.glob("*.py")}
+    problems = loop_shape(LOOPS)
+    assert not problems, "pofe/loops/ modules that are not short recipes on pofe.recipe.drive:\n" + "\n".join(
+        f"  {name}: {'; '.join(p)}" for name, p in problems.items())
+
+
+def test_the_loop_shape_checker_finds_each_defect(tmp_path):
+    long_fn = "def f():\n" + "    x = 1\n" * 85
+    (tmp_path / "rl.py").write_text('"""Writes summary.json (a docstring may say so)."""\n'
+                                    "from pofe.recipe import Recipe, drive\n\nclass R(Recipe):\n    pass\n\n"
+                                    "def run():\n    return drive(R())\n")
+    (tmp_path / "sft.py").write_text("from pofe.training import save_checkpoint\n\n" + long_fn
+                                     + "\nopen('summary.json')\n" + "# pad\n" * 300)
+    got = loop_shape(tmp_path)
+    assert "rl.py" not in got
+    assert got["sft.py"] == sorted(["defines no Recipe subclass", "never calls drive()", "f() is 86 lines (max 80)",
+                                    f"{len((tmp_path / 'sft.py').read_text().splitlines())} lines (max 300)",
+                                    "uses save_checkpoint (line 1): the driver's job", "writes summary.json (the driver's job)"])
