@@ -63,10 +63,7 @@ def register(app: typer.Typer) -> None:
     @cache_app.command(help="Delete the oldest entries until the cache's data fits in --max-size (e.g. 500M).")
     def prune(max_size: str = typer.Option(..., "--max-size", help="Size cap: bytes, or 500K / 200M / 2G."),
               path: Optional[Path] = PathOpt, json_out: bool = JsonOpt) -> None:
-        try:
-            cap = parse_size(max_size)
-        except ValueError as e:
-            fail(str(e))
+        cap = parse_size(max_size)
         c = _open(path)
         before = c.summary()
         deleted = c.prune(cap)
