@@ -10,7 +10,8 @@ Two things live here for every command:
   an exit status -- 2 for bad input (config, data, run folder, model name), 1 for the
   environment or an endpoint (disk full, read-only file system, unreachable judge) and for
   internal errors -- with ``-v`` printing the traceback first (issue 14: ~25 error paths used
-  to end in a traceback).
+  to end in a traceback). A :class:`pofe.errors.PofeError` carries its own status, so a
+  command raises a typed error where the problem is found and never catches to exit.
 """
 
 from __future__ import annotations
