@@ -91,7 +91,9 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     def crash(*a, **k):
         raise Crash()
 
-    monkeypatch.setattr(sft_mod, "prune_checkpoints", crash)  # runs right after the step-3 checkpoint is written
+    import pofe.training.checkpoints as ckpts
+
+    monkeypatch.setattr(ckpts, "prune_checkpoints", crash)  # the driver prunes right after the step-3 checkpoint
     run_dir = tmp_path / "b" / "run"
     with pytest.raises(Crash):
         sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
@@ -100,7 +102,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     assert (run_dir / "checkpoints" / "step-3").is_dir()
     out = sft_mod.run(_cfg(tmp_path / "b", checkpoint_every=3), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer,
                       examples=ex, run_dir=run_dir)
-    assert out["resumed_from_step"] == 3
+    assert out["resumed_from"] == 3
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     from safetensors.torch import load_file
 
@@ -112,6 +114,22 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     # A finished run is not trained again.
     assert sft_mod.run(_cfg(tmp_path / "b"), model=tiny_causal_lm(tokenizer), tokenizer=tokenizer, examples=ex,
                        run_dir=run_dir)["already_done"] is True
+
+
+def test_resume_of_a_finished_run_trains_nothing(tmp_path, tokenizer, tiny_model):
+    """``--resume`` of a finished run loads its last-step checkpoint and trains no step: the
+    checkpoints outlive ``final/`` (deleting them once it was saved made the resume start again
+    from step 0, moving every metrics row aside)."""
+    cfg = _cfg(tmp_path, steps=3)
+    first = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES)
+    run_dir = tmp_path / first["run_dir"].split("/")[-1]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    weights = (run_dir / "final" / "model.safetensors").read_bytes()
+    again = sft_mod.run(cfg, resume=run_dir, model=tiny_causal_lm(tokenizer), tokenizer=tokenizer, examples=EXAMPLES)
+    assert again["resumed_from"] == 3 and again["steps_run"] == 0 and again["steps"] == 3
+    assert read_jsonl(run_dir / "metrics.jsonl") == rows and not list(run_dir.glob("*after-crash*"))
+    assert (run_dir / "final" / "model.safetensors").read_bytes() == weights
+    assert again["loss_first"] == first["loss_first"] and again["loss_last"] == first["loss_last"]
 
 
 @pytest.mark.slow
@@ -179,11 +197,12 @@ def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     assert first.exit_code == 0, first.output
     run_dir = tmp_path / "runs" / json.loads(first.stdout[first.stdout.index("{"):])["run_dir"].split("/")[-1]
     saved = (run_dir / "config.yaml").read_text()
-    # simulate a crash after step 2: the final model and summary are not there yet
+    # simulate a crash after step 2: the final model, the summary and step 3's checkpoint are not there yet
     import shutil
 
     shutil.rmtree(run_dir / "final")
     (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints")  # step 2's is planted below
     from pofe.training import save_checkpoint
 
     model, _ = __import__("pofe.models", fromlist=["load_model"]).load_model(str(tiny_model_dir))
@@ -192,7 +211,7 @@ def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert (run_dir / "config.yaml").read_text() == saved
-    assert out["resumed_from_step"] == 2 and out["steps"] == 3 and out["examples"] == 4
+    assert out["resumed_from"] == 2 and out["steps"] == 3 and out["examples"] == 4
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert (run_dir / "final" / "config.json").exists()
     # settings cannot change on resume: exit 2 naming the refused option

@@ -17,6 +17,7 @@ self-rewarding seed fine-tuning that reuse it).
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,7 +34,7 @@ from pofe.records import SFTExample
 
 RESPONSE_FIELDS = ("completion", "response", "output", "answer", "target")
 
-__all__ = ["RESPONSE_FIELDS", "SFTExample", "load_examples", "to_example"]
+__all__ = ["RESPONSE_FIELDS", "SFTExample", "load_examples", "load_sft_data", "source_counts", "to_example"]
 
 
 def _chat(msgs: tuple[dict[str, str], ...], where: str, name: str, source: str) -> SFTExample:
@@ -84,3 +85,24 @@ def load_examples(paths: Sequence[str | Path] | str | Path, source: str = "ift",
             raise DataError(f"{path}: no {source} examples (skipped: {rows.skipped or 'none'})")
         out.extend(examples)
     return out
+
+
+def source_counts(examples: Sequence[SFTExample], eft_capped: int = 0) -> dict[str, int]:
+    """``{"ift", "eft", "eft_capped"}`` of a mixed example list (the summary's ``data``)."""
+    return {"ift": sum(e.source == "ift" for e in examples), "eft": sum(e.source == "eft" for e in examples),
+            "eft_capped": eft_capped}
+
+
+def load_sft_data(cfg: Any, seed: int = 0) -> tuple[list[SFTExample], dict[str, int]]:
+    """IFT + EFT examples of ``pofe sft``'s ``data`` section (``ift``, ``eft``, ``limit``,
+    ``eft_max_ratio``) and their counts. With ``eft_max_ratio`` the EFT examples are a seeded
+    sample of at most that multiple of the IFT count (Self-Rewarding LMs: 1,630 EFT with
+    3,200 IFT). ``eft`` counts the EFT examples read, ``eft_capped`` those left out."""
+    ift = load_examples(cfg.ift, "ift", cfg.limit)
+    eft = load_examples(cfg.eft, "eft", cfg.limit)
+    capped = 0
+    if cfg.eft_max_ratio is not None and len(eft) > cfg.eft_max_ratio * len(ift):
+        keep = int(cfg.eft_max_ratio * len(ift))
+        capped = len(eft) - keep
+        eft = random.Random(seed).sample(eft, keep)
+    return ift + eft, {"ift": len(ift), "eft": len(eft) + capped, "eft_capped": capped}
