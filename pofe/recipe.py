@@ -90,6 +90,11 @@ class Recipe:
     """Append-only files in the run folder (e.g. ``ledger.jsonl``) rewound to their size at the checkpoint."""
     show: ClassVar[tuple[tuple[str, str, str], ...]] = ()
     """Progress-bar fields: (metrics key, label, format)."""
+    step_faults: ClassVar[tuple[str, ...]] = ()
+    """More names for the ``<step>:after_step`` fault point (a command's own older name for it, e.g.
+    label's ``after_batch``), so crash tests written against the command keep reaching it."""
+    resumable: ClassVar[bool] = True
+    """False: no checkpoints (a command whose output is redone whole, e.g. ``pofe judge``)."""
     data_parallel: ClassVar[bool] = False
     """True: the driver builds an accelerator (``model.device``) and only rank 0 writes the run folder."""
 
@@ -119,6 +124,11 @@ class Recipe:
     def step(self, step: int) -> dict[str, Any]:
         """One step; returns its metrics row (without ``step``). Called on every process."""
         raise NotImplementedError
+
+    def after_row(self, step: int) -> None:
+        """After ``step``'s row is in ``metrics.jsonl``, before its checkpoint (every process): where a
+        recipe writes its own "step finished" marker, so a marker never exists without its row
+        (self-reward's ``iter_t/metrics.json``)."""
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The recipe's own plain-JSON state an exact resume needs (called on every process)."""
@@ -297,8 +307,10 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
             if sink is not None:
                 sink.write(row)
             bar.update(row)
-            fault_point(f"{step}:after_step")  # crash/resume suite: metrics row written, no checkpoint yet
-            if checkpoint_due(cfg.checkpoint.every, step, total):
+            recipe.after_row(step)
+            for name in ("after_step", *recipe.step_faults):
+                fault_point(f"{step}:{name}")  # crash/resume suite: metrics row written, no checkpoint yet
+            if recipe.resumable and checkpoint_due(cfg.checkpoint.every, step, total):
                 _save(run, recipe, step, cfg.checkpoint.keep_last)
                 fault_point(f"{step}:after_checkpoint")
         step = max(step, run.start)

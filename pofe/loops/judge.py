@@ -8,8 +8,8 @@ expected-score) score ``response_a`` (or a ``response`` column) instead.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,8 +17,11 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from pofe.config import PofeConfig
+from pofe.data.io import DataError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
-from pofe.runs import JsonlWriter, RunConfig, atomic_write_text, open_run, write_config
+from pofe.recipe import Recipe, RunContext, drive
+from pofe.runs import JsonlWriter, RunConfig
+from pofe.training.tracking import LogConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,13 @@ class JudgeCommandConfig(PofeConfig):
     skip_bad_rows: bool = False
     """Skip (and count) malformed input rows instead of stopping at the first one."""
     judge: JudgeConfig = LLMJudgeConfig()
+    """The judge (any kind; pointwise kinds score ``response_a``)."""
+    log: LogConfig = LogConfig(tensorboard=False)
+    """metrics.jsonl (one row per chunk), progress bar; trackers off unless asked (a labelling job has no curves)."""
+    seed: int = 0
+    """Seeds a judge that samples (CoT at temperature > 0)."""
     run: RunConfig = RunConfig()
+    """Where the run folder goes."""
 
 
 def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
@@ -76,56 +85,83 @@ def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
     return rows
 
 
+class JudgeRecipe(Recipe):
+    """Rows judged in chunks of ``chunk_size`` (one driver step each), verdicts written after each chunk."""
+
+    command = "judge"
+    resumable = False  # a verdicts file is one run's output: a new run relabels (the judge cache makes it cheap)
+    show = (("mean_p", "p", "{:.2f}"),)
+
+    def __init__(self, cfg: JudgeCommandConfig, **runtime):
+        super().__init__(cfg)
+        self.runtime = runtime
+
+    def load_data(self) -> None:
+        from pofe.judges.base import Capability, has_capability
+        from pofe.outputs import guard_outputs, judge_inputs
+
+        cfg = self.cfg
+        if not cfg.input:
+            raise DataError("no input file: pofe judge FILE")
+        guard_outputs({"-o": cfg.output}, [cfg.input, *judge_inputs(cfg.judge)])
+        self.pointwise = not has_capability(cfg.judge, Capability.PAIRWISE)
+        self.rows = load_rows(cfg, self.pointwise)
+
+    def setup(self, run: RunContext) -> None:
+        from pofe.judges import build_judge
+
+        cfg = self.cfg
+        self.out_path = Path(cfg.output) if cfg.output else run.dir / "verdicts.jsonl"
+        if self.out_path.exists():
+            self.out_path.unlink()  # one run's output, never appended to (never an input: checked in load_data)
+        self.judge = build_judge(cfg.judge, **self.runtime)
+        self.writer = JsonlWriter(self.out_path)
+        self.verdicts: list = []
+        self.t0 = time.perf_counter()
+        self.total_steps = math.ceil(len(self.rows) / cfg.chunk_size)
+
+    def step(self, step: int) -> dict[str, Any]:
+        size = self.cfg.chunk_size
+        s = (step - 1) * size
+        chunk = self.rows[s:s + size]
+        prompts, refs = [r["prompt"] for r in chunk], [r["reference"] for r in chunk]
+        if self.pointwise:
+            res = self.judge.score(prompts, [r["response_a"] for r in chunk], references=refs)
+        else:
+            res = self.judge.judge(prompts, [r["response_a"] for r in chunk], [r["response_b"] for r in chunk],
+                                   references=refs)
+        for k, (r, v) in enumerate(zip(chunk, res)):
+            # The judged texts travel with the verdict, so verdicts.jsonl is itself a labelled pair
+            # file (pofe export, pofe online mode=offline read it).
+            row = {"index": s + k, **({"id": r["id"]} if "id" in r else {}), "prompt": r["prompt"],
+                   "response_a": r["response_a"], **({"response_b": r["response_b"]} if not self.pointwise else {})}
+            self.writer.write({**row, **v.to_dict()})
+        self.verdicts.extend(res)
+        log.info("judged %d/%d rows", min(s + len(chunk), len(self.rows)), len(self.rows))
+        vals = [getattr(v, "p", getattr(v, "score", None)) for v in res]
+        vals = [x for x in vals if x is not None]
+        return {"rows": len(chunk), "unreadable": len(res) - len(vals),
+                "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None}
+
+    def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        from pofe.judges import summarize_judgments, summarize_scores
+
+        cfg, seconds = self.cfg, time.perf_counter() - self.t0
+        calls = getattr(getattr(getattr(self.judge, "backend", None), "stats", None), "calls", 0)
+        summarize = summarize_scores if self.pointwise else summarize_judgments
+        out = summarize(self.verdicts, seconds=round(seconds, 3), model_calls=calls)
+        out.update(judge_id=getattr(self.judge, "id", cfg.judge.kind), kind=cfg.judge.kind,
+                   template_hash=getattr(getattr(self.judge, "template", None), "hash", None),
+                   items_per_s=round(len(self.rows) / seconds, 3) if seconds > 0 else None, output=str(self.out_path))
+        return out
+
+    def close(self) -> None:
+        for obj in (getattr(self, "writer", None), getattr(self, "judge", None)):
+            close = getattr(obj, "close", None)
+            if close:
+                close()
+
+
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:
-    """Setup -> label in chunks -> save. Returns the summary."""
-    from pofe.judges import build_judge, summarize_judgments, summarize_scores
-    from pofe.judges.base import Capability, has_capability
-
-    if not cfg.input:
-        raise ValueError("no input file: pofe judge FILE")
-    from pofe.outputs import guard_outputs, judge_inputs
-
-    guard_outputs({"-o": cfg.output}, [cfg.input, *judge_inputs(cfg.judge)])
-    pointwise = not has_capability(cfg.judge, Capability.PAIRWISE)
-    rows = load_rows(cfg, pointwise)
-    run_dir = open_run(cfg.run, "judge")
-    write_config(run_dir, cfg)
-    out_path = Path(cfg.output) if cfg.output else run_dir / "verdicts.jsonl"
-    if out_path.exists():
-        out_path.unlink()  # a verdicts file is one run's output, never appended to (never an input: checked above)
-    t0 = time.perf_counter()
-    judge = build_judge(cfg.judge, **runtime)
-    verdicts = []
-    try:
-        with JsonlWriter(out_path) as w:
-            for s in range(0, len(rows), cfg.chunk_size):
-                chunk = rows[s:s + cfg.chunk_size]
-                prompts = [r["prompt"] for r in chunk]
-                refs = [r["reference"] for r in chunk]
-                if pointwise:
-                    res = judge.score(prompts, [r["response_a"] for r in chunk], references=refs)
-                else:
-                    res = judge.judge(prompts, [r["response_a"] for r in chunk], [r["response_b"] for r in chunk],
-                                      references=refs)
-                for k, (r, v) in enumerate(zip(chunk, res)):
-                    # The judged texts travel with the verdict, so verdicts.jsonl is itself a
-                    # labelled pair file (pofe export, pofe online mode=offline read it).
-                    row = {"index": s + k, **({"id": r["id"]} if "id" in r else {}), "prompt": r["prompt"],
-                           "response_a": r["response_a"], **({"response_b": r["response_b"]} if not pointwise else {})}
-                    w.write({**row, **v.to_dict()})
-                verdicts.extend(res)
-                log.info("judged %d/%d rows", min(s + len(chunk), len(rows)), len(rows))
-    finally:
-        calls = getattr(getattr(getattr(judge, "backend", None), "stats", None), "calls", 0)
-        close = getattr(judge, "close", None)
-        if close:
-            close()
-    seconds = time.perf_counter() - t0
-    summarize = summarize_scores if pointwise else summarize_judgments
-    summary = summarize(verdicts, seconds=round(seconds, 3), model_calls=calls)
-    summary.update(judge_id=getattr(judge, "id", cfg.judge.kind), kind=cfg.judge.kind,
-                   template_hash=getattr(getattr(judge, "template", None), "hash", None),
-                   items_per_s=round(len(rows) / seconds, 3) if seconds > 0 else None,
-                   run_dir=str(run_dir), output=str(out_path))
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-    return summary
+    """Setup -> label in chunks -> save. Returns the summary (also ``summary.json``)."""
+    return drive(JudgeRecipe(cfg, **runtime))
