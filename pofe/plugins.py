@@ -84,7 +84,7 @@ def load_group(group: str) -> dict[str, object]:
     for name, ep in _entry_points(group).items():
         try:
             out[name] = ep.load()
-        except Exception as e:  # noqa: BLE001 - any failure of a plugin's import is reported as the plugin's
+        except Exception as e:  # any failure of a plugin's import is reported as the plugin's
             detail = " ".join(str(e).split()) or type(e).__name__
             raise PluginError(f"{GROUPS[group]} plugin {name!r} failed to import ({_origin(ep)}): "
                               f"{type(e).__name__}: {detail}") from e
