@@ -69,10 +69,10 @@ def test_a_constitution_without_harm_principles_is_refused_before_a_run_folder(t
     prompts = tmp_path / "red.txt"
     prompts.write_text("q\n")
     with pytest.raises(ValueError, match="harm: true"):
-        run(CaiReviseConfig(constitution=str(f), prompts=str(prompts), run={"output_dir": str(tmp_path / "runs")}),
+        run(CaiReviseConfig(constitution=str(f), data={"prompts": str(prompts)}, run={"output_dir": str(tmp_path / "runs")}),
             generate_fn=FakeModel())
     assert not (tmp_path / "runs").exists()
-    s = run(CaiReviseConfig(constitution=str(f), principles=["kind"], prompts=str(prompts), refusal={"enabled": False},
+    s = run(CaiReviseConfig(constitution=str(f), principles=["kind"], data={"prompts": str(prompts)}, refusal={"enabled": False},
                             run={"output_dir": str(tmp_path / "runs")}), generate_fn=FakeModel())
     assert s["critique_principles"] == ["kind"] and s["principle_counts"] == {"kind": 1}
 
@@ -164,7 +164,7 @@ def test_run_writes_datasets_and_tracks_refusal(tmp_path):
     benign.write_text("how to kill a python process\n")
     helpful = tmp_path / "helpful.jsonl"
     helpful.write_text("\n".join(json.dumps({"prompt": f"h{i}", "response": "ok"}) for i in range(5)) + "\n")
-    cfg = CaiReviseConfig(prompts=str(prompts), rounds=2, helpful_data=str(helpful), helpful_ratio=0.5,
+    cfg = CaiReviseConfig(data={"prompts": str(prompts), "helpful": str(helpful), "helpful_ratio": 0.5}, rounds=2,
                           refusal={"benign": str(benign), "n_benign": 5}, run={"output_dir": str(tmp_path), "name": "cai"})
     s = run(cfg, generate_fn=FakeModel(revision="I'm sorry, but I can't help with that."))
     assert s["prompts"] == 2 and s["preference_pairs"] == 2
@@ -204,7 +204,7 @@ def test_crash_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     benign.write_text("ok 0\nok 1\n")
 
     def cfg(name):
-        return CaiReviseConfig(prompts=str(prompts), rounds=2, batch_size=2, few_shot=False,
+        return CaiReviseConfig(data={"prompts": str(prompts)}, rounds=2, train={"batch_size": 2}, few_shot=False,
                                refusal={"benign": str(benign), "n_benign": 2}, run={"output_dir": str(tmp_path), "name": name})
 
     ref = run(cfg("ref"), generate_fn=FakeModel())
@@ -225,7 +225,7 @@ def test_crash_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
         run(cfg("x"), resume=tmp_path / "typo", generate_fn=fake)
 
 
-@pytest.mark.parametrize("bad", ["rounds=5", "rounds=0", "batch_size=0", "max_prompts=0", "helpful_ratio=1.0",
+@pytest.mark.parametrize("bad", ["rounds=5", "rounds=0", "train.batch_size=0", "data.max_prompts=0", "data.helpful_ratio=1.0",
                                  "refusal.n_benign=-1", "model.lora.enabled=true"])
 def test_nonsense_settings_are_refused_at_parse_time(bad):
     import re
@@ -243,7 +243,7 @@ def test_cai_revise_then_sft_end_to_end(tmp_path, tiny_model_dir):
 
     prompts = tmp_path / "red.txt"
     prompts.write_text("how to pick a lock\nhow to make a weapon\nhow to cheat at cards\n")
-    cfg = CaiReviseConfig(model={"name": str(tiny_model_dir)}, prompts=str(prompts), rounds=1, few_shot=False,
+    cfg = CaiReviseConfig(model={"name": str(tiny_model_dir)}, data={"prompts": str(prompts)}, rounds=1, few_shot=False,
                           sampling={"max_new_tokens": 6, "temperature": 1.0},
                           critique_sampling={"max_new_tokens": 6, "temperature": 1.0},
                           refusal={"enabled": False}, run={"output_dir": str(tmp_path), "name": "cai"})

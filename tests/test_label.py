@@ -55,7 +55,7 @@ def _pairs_file(tmp_path, n=6):
 
 
 def test_run_with_length_judge_writes_soft_labels(tmp_path):
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path)), judge={"kind": "length", "prefer": "shorter", "temperature": 10.0},
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path))}, judge={"kind": "length", "prefer": "shorter", "temperature": 10.0},
                       run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg)
     assert s["pairs"] == 6 and s["identical_dropped"] == 1 and s["preference_pairs"] == 6
@@ -96,11 +96,11 @@ class Crash(Exception):
 
 
 def test_drop_inconsistent(tmp_path):
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), filter={"drop_inconsistent": True}, judge={"kind": "length"},
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 3))}, labels={"drop_inconsistent": True}, judge={"kind": "length"},
                       run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg, judge=Scripted([(0.6, 0.8, 0.4, False, False)]))
     assert s["pairs"] == 3 and s["preference_pairs"] == 0 and s["consistency_rate"] == 0.0
-    assert s["filter"]["dropped"] == {"unparsed": 0, "inconsistent": 3, "margin": 0}
+    assert s["filter"]["dropped"] == {"unlabelled": 0, "inconsistent": 3, "low_margin": 0}
     rows = [json.loads(x) for x in open(s["files"]["labels"])]
     assert [r["dropped"] for r in rows] == ["inconsistent"] * 3  # kept in labels.jsonl, with the reason
 
@@ -110,12 +110,12 @@ def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
     and says so in the summary; text-fallback (no log-prob) labels are flagged in every output."""
     verdicts = [(0.55, 0.6, 0.5, True, False), (0.9, 0.9, 0.9, True, False), (1.0, 1.0, 1.0, True, True),
                 (0.45, 0.4, 0.5, False, False), (None, None, None, None, False), (0.2, 0.1, 0.3, True, False)]
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"}, filter={"min_margin": 0.1},
-                      batch_size=4, run={"output_dir": str(tmp_path), "name": "lab"})
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 6))}, judge={"kind": "length"}, labels={"min_margin": 0.1},
+                      train={"batch_size": 4}, run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg, judge=Scripted(verdicts))
-    # 0.55 and 0.45 sit within 0.1 of 1/2; None is unparsed; 0.9, 1.0 and 0.2 are kept
+    # 0.55 and 0.45 sit within 0.1 of 1/2; None is unlabelled; 0.9, 1.0 and 0.2 are kept
     assert s["filter"] == {"drop_inconsistent": False, "min_margin": 0.1,
-                           "dropped": {"unparsed": 1, "inconsistent": 0, "margin": 2}}
+                           "dropped": {"unlabelled": 1, "inconsistent": 0, "low_margin": 2}}
     assert s["preference_pairs"] == 3 and s["text_fallback_labels"] == 1
     prefs = [json.loads(x) for x in open(s["files"]["preferences"])]
     assert [q["p"] for q in prefs] == pytest.approx([0.9, 1.0, 0.8])
@@ -126,21 +126,20 @@ def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2] and [m["pairs"] for m in metrics] == [4, 2]
     assert [m["text_fallback"] for m in metrics] == [1, 0] and [m["dropped"] for m in metrics] == [2, 1]
     # the margin is inclusive at its edge: |0.4 - 1/2| = 0.1 is kept (0.5 - 0.4 is 0.0999... in floats)
-    from pofe.loops.label import LabelFilterConfig, drop_reason
+    from pofe.labels import LabelPolicy
 
-    edge = {"p": 0.4, "consistent": True}
-    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1)) is None
-    assert drop_reason(edge, LabelFilterConfig(min_margin=0.1000001)) == "margin"
+    assert LabelPolicy(min_margin=0.1).drop_reason(0.4, True) is None
+    assert LabelPolicy(min_margin=0.1000001).drop_reason(0.4, True) == "low_margin"
     # the default: nothing filtered, and the summary shows it
-    d = run(LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"},
+    d = run(LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 6))}, judge={"kind": "length"},
                         run={"output_dir": str(tmp_path), "name": "lab2"}), judge=Scripted(verdicts))
     assert d["filter"]["drop_inconsistent"] is False and d["filter"]["min_margin"] == 0.0
-    assert d["filter"]["dropped"] == {"unparsed": 1, "inconsistent": 0, "margin": 0} and d["preference_pairs"] == 5
+    assert d["filter"]["dropped"] == {"unlabelled": 1, "inconsistent": 0, "low_margin": 0} and d["preference_pairs"] == 5
 
 
 def test_crash_mid_run_then_resume_labels_each_pair_once(tmp_path):
     verdicts = [(0.1 * (i + 1), 0.1 * (i + 1), 0.1 * (i + 1), True, False) for i in range(6)]
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 6)), judge={"kind": "length"}, batch_size=2,
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 6))}, judge={"kind": "length"}, train={"batch_size": 2},
                       run={"output_dir": str(tmp_path), "name": "lab"})
     with pytest.raises(Crash):
         run(cfg, judge=Scripted(verdicts, crash_at=3))  # batches 1 and 2 written, batch 3 crashes
@@ -157,6 +156,8 @@ def test_crash_mid_run_then_resume_labels_each_pair_once(tmp_path):
     assert [r["prompt"] for r in labels] == [f"Question {i}?" for i in range(6)]
     assert len(prefs) == 6 and s["preference_pairs"] == 6
     assert [json.loads(x)["step"] for x in open(d / "metrics.jsonl")] == [1, 2, 3]
+    kept = list(d.glob("labels.after-crash-*.jsonl"))  # what followed the last checkpoint is set aside, never deleted
+    assert len(kept) == 1 and kept[0].read_text() == '{"prompt": "torn'
     with pytest.raises(RunError):
         run(cfg, resume=tmp_path / "typo", judge=judge)
 
@@ -166,8 +167,8 @@ def test_second_run_is_served_entirely_from_the_cache(tmp_path, tiny_model_dir):
     judge = {"kind": "llm", "model": str(tiny_model_dir), "template": "constitution", "constitution": "hhh",
              "cache": {"path": str(tmp_path / "cache.sqlite")}}
     pairs = str(_pairs_file(tmp_path, 4))
-    s1 = run(LabelConfig(pairs=pairs, judge=judge, run={"output_dir": str(tmp_path), "name": "l1"}))
-    s2 = run(LabelConfig(pairs=pairs, judge=judge, run={"output_dir": str(tmp_path), "name": "l2"}))
+    s1 = run(LabelConfig(data={"pairs": pairs}, judge=judge, run={"output_dir": str(tmp_path), "name": "l1"}))
+    s2 = run(LabelConfig(data={"pairs": pairs}, judge=judge, run={"output_dir": str(tmp_path), "name": "l2"}))
     # 4 pairs x 2 orders = 8 ordered reads: all misses first, all hits the second time
     assert s1["cache"]["judgments_cached"] == 0 and (s1["cache"]["hits"], s1["cache"]["misses"]) == (0, 8)
     assert s2["cache"]["judgments_cached"] == s2["pairs"] == 4
@@ -183,7 +184,7 @@ def test_second_run_is_served_entirely_from_the_cache(tmp_path, tiny_model_dir):
 def test_sampling_pairs_with_a_tiny_policy(tmp_path, tiny_model, tokenizer):
     prompts = tmp_path / "p.txt"
     prompts.write_text("one\ntwo\n")
-    cfg = LabelConfig(prompts=str(prompts), sampling={"max_new_tokens": 5, "temperature": 1.0}, judge={"kind": "length"},
+    cfg = LabelConfig(data={"prompts": str(prompts)}, sampling={"max_new_tokens": 5, "temperature": 1.0}, judge={"kind": "length"},
                       run={"output_dir": str(tmp_path), "name": "lab"})
     s = run(cfg, policy=tiny_model, tokenizer=tokenizer)
     assert s["pairs"] + s["identical_dropped"] == 2
@@ -243,7 +244,7 @@ def test_cli_commands_config_handling_and_a_label_run(tmp_path):
 @pytest.mark.slow
 def test_embedded_model_labels_two_pairs(tmp_path):
     """The embedded SmolLM2 as constitution judge: real soft labels with full provenance."""
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 2)), judge={"kind": "llm", "template": "constitution", "constitution": "hhh",
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 2))}, judge={"kind": "llm", "template": "constitution", "constitution": "hhh",
                                                                  "cache": {"enabled": False}, "max_response_chars": 400},
                       run={"output_dir": str(tmp_path), "name": "emb"})
     s = run(cfg)
@@ -261,7 +262,7 @@ def test_label_applies_the_audit_calibration_map_and_keeps_p_raw(tmp_path):
     report.write_text(json.dumps({"judge": "length", "calibration": {"sha256": "abc"},
                                   "metrics": {"calibration": {"map": {"method": "temperature", "temperature": 2.0}}}}))
     verdicts = [(0.9, 0.9, 0.9, True, False), (0.2, 0.2, 0.2, True, False), (None, None, None, None, False)]
-    cfg = LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), judge={"kind": "length"}, calibration=str(report),
+    cfg = LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 3))}, judge={"kind": "length"}, labels={"calibration": str(report)},
                       run={"output_dir": str(tmp_path), "name": "cal"})
     s = run(cfg, judge=Scripted(verdicts))
     labels = [json.loads(x) for x in open(s["files"]["labels"])]
@@ -274,6 +275,6 @@ def test_label_applies_the_audit_calibration_map_and_keeps_p_raw(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"metrics": {}}))
     with pytest.raises(ValueError, match="no metrics.calibration.map"):
-        run(LabelConfig(pairs=str(_pairs_file(tmp_path, 3)), judge={"kind": "length"}, calibration=str(bad),
+        run(LabelConfig(data={"pairs": str(_pairs_file(tmp_path, 3))}, judge={"kind": "length"}, labels={"calibration": str(bad)},
                         run={"output_dir": str(tmp_path), "name": "cal-bad"}), judge=Scripted(verdicts))
     assert not (tmp_path / "cal-bad").exists()

@@ -67,8 +67,8 @@ def register(app: typer.Typer) -> None:
         from pofe.loops.cai_revise import CaiReviseConfig, run
 
         cfg = resolve_config(CaiReviseConfig, config, set_, {
-            "model.name": model, "prompts": prompts, "constitution": constitution, "rounds": rounds,
-            "max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
+            "model.name": model, "data.prompts": prompts, "constitution": constitution, "rounds": rounds,
+            "data.max_prompts": max_prompts, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
         s = run(cfg, resume=resume)
         if json_out:
             emit_json(s)

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         prompts: Optional[str] = typer.Option(None, help="Prompt source: file, advbench, xstest[:safe|:unsafe], hh-rlhf:harmless."),
         pairs: Optional[str] = typer.Option(None, help="Label existing pairs (jsonl prompt/response_a/response_b) instead of sampling."),
         max_prompts: Optional[int] = typer.Option(None, "--max-prompts"),
-        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder after its last labelled pair "
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder after its last checkpointed batch "
                                               "(its saved config.yaml is used; --config/--set are refused)."),
         output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Parent folder of run folders."),
         name: Optional[str] = typer.Option(None, "--name", help="Run folder name."),
@@ -41,12 +41,9 @@ def register(app: typer.Typer) -> None:
         from pofe.loops.label import LabelConfig, run
 
         cfg = resolve_config(LabelConfig, config, set_, {
-            "model.name": model, "prompts": prompts, "pairs": pairs, "max_prompts": max_prompts,
+            "model.name": model, "data.prompts": prompts, "data.pairs": pairs, "data.max_prompts": max_prompts,
             "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.evaluation.audit import gate, judge_identity
-
-        gate(require_audit, judge_identity(cfg.judge))
-        s = run(cfg, resume=resume)
+        s = run(cfg, resume=resume, require_audit=require_audit)  # the audit gate runs before any model loads
         if json_out:
             emit_json(s)
             return

@@ -83,7 +83,7 @@ def test_cai_revise_max_prompts_cut_is_counted(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"How do I do thing {i}?\n" for i in range(5)))
     cfg = CaiReviseConfig.model_validate({
-        "prompts": str(prompts), "max_prompts": 3, "batch_size": 2, "refusal": {"enabled": False},
+        "data": {"prompts": str(prompts), "max_prompts": 3}, "train": {"batch_size": 2}, "refusal": {"enabled": False},
         "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path), "name": "c"}})
     s = run(cfg, generate_fn=lambda msgs, samp, seed: [f"reply {len(m)}" for m in msgs])
     assert s["prompts"] == 3
@@ -208,12 +208,13 @@ def _metrics(d: Path) -> list[dict]:
 @pytest.mark.parametrize("n, point", [(6, "2:before_metrics"), (5, "3:row_1")])
 def test_label_kill_between_batch_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, n, point):
     """6 (or 5) pairs in batches of 2; killed after batch 2's (the last, 1-pair batch 3's) last
-    row was written but before its metrics row: the resume writes the missing row, so
-    metrics.jsonl is the uninterrupted run's, once each, in order."""
+    row was written but before its metrics row: the resume sets that batch's rows aside (kept,
+    never deleted) and judges the batch again after the last checkpoint, so metrics.jsonl is
+    the uninterrupted run's, once each, in order."""
     pairs = _pairs(tmp_path / "pairs.jsonl", n)
-    full = invoke(*_label(pairs, tmp_path, "full", "batch_size=2"))
+    full = invoke(*_label(pairs, tmp_path, "full", "train.batch_size=2"))
     assert full.returncode == 0, full.stderr[-2000:]
-    crashed = pofe(*_label(pairs, tmp_path, "crash", "batch_size=2"), POFE_FAULT=point)
+    crashed = pofe(*_label(pairs, tmp_path, "crash", "train.batch_size=2"), POFE_FAULT=point)
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     run, ref = tmp_path / "crash", tmp_path / "full"
     step = int(point.split(":")[0])
@@ -224,11 +225,13 @@ def test_label_kill_between_batch_rows_and_metrics_row_resumes_with_every_metric
     assert _metrics(run) == _metrics(ref)
     assert len(read_jsonl(run / "labels.jsonl")) == n
     assert (run / "preferences.jsonl").read_text() == (ref / "preferences.jsonl").read_text()
+    kept = [r for f in run.glob("labels.after-crash-*.jsonl") for r in read_jsonl(f)]
+    assert len(kept) == (2 if point == "2:before_metrics" else 1)  # the killed batch's rows, set aside
 
 
 def test_label_resume_of_a_finished_run_keeps_the_last_partial_batch_metrics_row(tmp_path):
     pairs = _pairs(tmp_path / "pairs.jsonl", 5)
-    full = invoke(*_label(pairs, tmp_path, "r", "batch_size=2"))
+    full = invoke(*_label(pairs, tmp_path, "r", "train.batch_size=2"))
     assert full.returncode == 0, full.stderr[-2000:]
     before = _metrics(tmp_path / "r")
     again = invoke("label", "--resume", str(tmp_path / "r"))
@@ -239,13 +242,13 @@ def test_label_resume_of_a_finished_run_keeps_the_last_partial_batch_metrics_row
 def test_cai_revise_kill_between_chunk_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, tiny_model_dir,
                                                                                           one_torch_thread):
     """3 prompts in chunks of 2, killed after chunk 1's revisions were written but before its
-    metrics row; the reference and the resume run in-process (one torch thread, as the killed
-    subprocess)."""
+    metrics row (and its checkpoint): the resume sets them aside and revises chunk 1 again; the
+    reference and the resume run in-process (one torch thread, as the killed subprocess)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"How do I do thing {i}?\n" for i in range(3)))
 
     def args(name):
-        sets = ["batch_size=2", "rounds=1", "sampling.max_new_tokens=3", "critique_sampling.max_new_tokens=3",
+        sets = ["train.batch_size=2", "rounds=1", "sampling.max_new_tokens=3", "critique_sampling.max_new_tokens=3",
                 "refusal.enabled=false", "log.progress=false", "log.tensorboard=false"]
         return ["cai", "revise", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--output-dir", str(tmp_path),
                 "--name", name, *[a for s in sets for a in ("--set", s)]]
@@ -261,3 +264,4 @@ def test_cai_revise_kill_between_chunk_rows_and_metrics_row_resumes_with_every_m
     assert [r["step"] for r in _metrics(run)] == [1, 2]
     assert _metrics(run) == _metrics(ref)
     assert read_jsonl(run / "revisions.jsonl") == read_jsonl(ref / "revisions.jsonl")
+    assert len([r for f in run.glob("revisions.after-crash-*.jsonl") for r in read_jsonl(f)]) == 2
