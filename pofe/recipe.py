@@ -274,8 +274,8 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
 
     cfg = recipe.cfg
     t0 = time.perf_counter()
+    gate(require_audit, recipe.audit_identity)  # refused before any data or model loads
     recipe.load_data()  # a bad file fails in a second, before any run folder or model
-    gate(require_audit, recipe.audit_identity)  # before any model loads
     acc = _accelerator(recipe)
     path = _open(recipe, acc, resume=resume, run_dir=run_dir)
     if run_dir is not None and (path / "summary.json").exists() and final_complete(path / "final"):

@@ -49,14 +49,21 @@ def test_require_audit_matches_identity_key_by_key(tmp_path):
 
 
 def _no_run(monkeypatch, module):
-    """Replace the loop's run(): reaching it means the gate let the command through."""
+    """Stop a command right after the driver's audit gate (pofe.recipe.drive gates, then reads the data):
+    reaching the data means the gate let the command through; nothing is loaded or written."""
+    import pofe.recipe
+
     calls = []
 
-    def fake(cfg, *a, **k):
-        calls.append(cfg)
+    def fake(recipe):
+        calls.append(recipe.cfg)
         raise SystemExit(0)
 
-    monkeypatch.setattr(f"pofe.loops.{module}.run", fake)
+    __import__(f"pofe.loops.{module}")  # its Recipe subclass exists from here on
+    monkeypatch.setattr(pofe.recipe.Recipe, "load_data", lambda self: fake(self))
+    for cls in pofe.recipe.Recipe.__subclasses__():  # a recipe's own load_data overrides the base's
+        if "load_data" in vars(cls):
+            monkeypatch.setattr(cls, "load_data", lambda self: fake(self))
     return calls
 
 
