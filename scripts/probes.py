@@ -267,7 +267,7 @@ def label_pairs_args(ctx: Ctx, d: Path, *extra: str, pairs: Path | None = None, 
 
 def label_sample_args(ctx: Ctx, d: Path, *extra: str, name: str = "r") -> list[str]:
     return ["label", "--prompts", str(D(ctx, "prompts.txt")),
-            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"run.name={name}", "max_prompts=6", f"judge.model={ctx.tiny}", f"judge.cache.path={d / 'cache.sqlite'}", "batch_size=2",
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"run.name={name}", "data.max_prompts=6", f"judge.model={ctx.tiny}", f"judge.cache.path={d / 'cache.sqlite'}", "train.batch_size=2",
                   "sampling.max_new_tokens=5", "log.progress=false", "log.tensorboard=false", *extra)]
 
 
@@ -327,14 +327,14 @@ HYPER = [
     ("rm", "optim.lr=inf", "optim.lr"), ("rm", "data.eval_fraction=1.5", "eval_fraction"),
     ("judge", "chunk_size=0", "chunk_size"), ("judge", "chunk_size=-5", "chunk_size"),
     ("judge", "limit=-1", "limit"), ("judge", "judge.batch_size=0", "batch_size"),
-    ("label", "batch_size=0", "batch_size"), ("label", "max_prompts=0", "max_prompts"),
-    ("label", "filter.min_margin=0.9", "min_margin"), ("label", "sampling.temperature=nan", "temperature"),
+    ("label", "train.batch_size=0", "train.batch_size"), ("label", "data.max_prompts=0", "data.max_prompts"),
+    ("label", "labels.min_margin=0.9", "labels.min_margin"), ("label", "sampling.temperature=nan", "temperature"),
     ("self-reward", "iterations=0", "iterations"), ("self-reward", "dpo.beta=-1", "dpo.beta"),
     ("self-reward", "candidates.n=1", "candidates.n"), ("self-reward", "dpo.grad_accum=0", "grad_accum"),
     ("eval", "n_boot=-1", "n_boot"), ("eval", "limit=-3", "limit"),
     ("audit", "batch_size=0", "batch_size"), ("audit", "limit=-1", "limit"), ("audit", "seeds=0", "seeds"),
     ("audit", "thresholds.min_agreement=1.5", "min_agreement"), ("audit", "contrast_limit=-1", "contrast_limit"),
-    ("cai", "rounds=0", "rounds"), ("cai", "batch_size=0", "batch_size"), ("cai", "helpful_ratio=1.0", "helpful_ratio"),
+    ("cai", "rounds=0", "rounds"), ("cai", "train.batch_size=0", "train.batch_size"), ("cai", "data.helpful_ratio=1.0", "data.helpful_ratio"),
 ]
 
 
@@ -1092,8 +1092,8 @@ def probes_load() -> list[Probe]:
         cli("judge: 2000 pairs, --limit 1500", "load", "exit 0, exactly 1500 verdicts",
             lambda c, d: [*judge_2000(c, d), "--limit", "1500"], code=0,
             check=lambda c, d: None if len(read_rows(d / "runs" / "r" / "verdicts.jsonl")) == 1500 else "not 1500"),
-        cli("label: 2000 pairs in", "load", "exit 0, 2000 labels", lambda c, d: label_pairs_args(c, d, "batch_size=64",
-                                                                                               "max_prompts=5000", pairs=big(d)),
+        cli("label: 2000 pairs in", "load", "exit 0, 2000 labels", lambda c, d: label_pairs_args(c, d, "train.batch_size=64",
+                                                                                               "data.max_prompts=5000", pairs=big(d)),
             code=0, check=label_check),
         cli("export: 2000 pairs in", "load", "exit 0, 2000 rows out",
             lambda c, d: ["export", str(jsonl(d / "p.jsonl", [{"prompt": f"Q{i}", "chosen": "a", "rejected": "b"}

@@ -211,7 +211,7 @@ def probes(P) -> list:
         {"prompt": f"Q{i}?", "response_a": f"aaaa{i}", "response_b": f"bbbb{i}"} for i in range(4)])))
 
     # ------------------------------------------------------------------ resume boundaries
-    label = lambda c, d, n: P.label_pairs_args(c, d, "batch_size=2", name=n)  # noqa: E731
+    label = lambda c, d, n: P.label_pairs_args(c, d, "train.batch_size=2", name=n)  # noqa: E731
     for pt in ("2:before_metrics", "3:before_metrics"):
         out.append(P.crash_probe(TAG + f"label --pairs: SIGKILL at {pt}", pt, label,
                                  ["labels.jsonl", "preferences.jsonl", "metrics.jsonl"], final=None, steps=[1, 2, 3]))
@@ -222,7 +222,7 @@ def probes(P) -> list:
         def args(n):
             return ["cai", "revise", "--model", str(ctx.tiny), "--prompts", str(P.D(ctx, "prompts.txt")),
                     "--max-prompts", "3",
-                    *P.sets("batch_size=2", "rounds=1", "sampling.max_new_tokens=3", "critique_sampling.max_new_tokens=3",
+                    *P.sets("train.batch_size=2", "rounds=1", "sampling.max_new_tokens=3", "critique_sampling.max_new_tokens=3",
                             "refusal.enabled=false", "log.progress=false", "log.tensorboard=false",
                             f"run.output_dir={d / 'runs'}", f"run.name={n}")]
 

@@ -80,8 +80,9 @@ def probes(P) -> list:
                                        "from transformers import LlamaConfig\nclass EvilConfig(LlamaConfig):\n"
                                        "    model_type = 'llama'\n")
         plant(d, "pofe.loops.label.LabelConfig", {
-            "model": {"name": str(model), "trust_remote_code": True}, "prompts": str(P.D(c, "prompts.txt")),
-            "judge": {"kind": "length"}, "max_prompts": 2, "sampling": {"max_new_tokens": 2}})
+            "model": {"name": str(model), "trust_remote_code": True},
+            "data": {"prompts": str(P.D(c, "prompts.txt")), "max_prompts": 2}, "judge": {"kind": "length"},
+            "sampling": {"max_new_tokens": 2}})
 
     out.append(P.cli("r2-run: label --resume of a folder with model.trust_remote_code: true", CLS,
                      "exit 2 naming model.trust_remote_code; the model folder's Python never runs",
@@ -91,7 +92,7 @@ def probes(P) -> list:
 
     def endpoint(c, d):
         plant(d, "pofe.loops.label.LabelConfig", {
-            "pairs": str(P.D(c, "pairs.jsonl")),
+            "data": {"pairs": str(P.D(c, "pairs.jsonl"))},
             "judge": {"kind": "openai", "endpoint": {"base_url": "http://127.0.0.1:9/v1", "max_retries": 0,
                                                      "identify": False, "api_key_env": "OPENAI_API_KEY"}}})
 
@@ -237,7 +238,7 @@ def probes(P) -> list:
     def manifest_ok(c, d):
         m = json.loads((d / "runs" / "r" / "run.json").read_text())
         keys = [i["key"] for i in m.get("inputs", [])]
-        return None if m.get("command") == "label" and m.get("pofe_version") and keys == ["pairs"] else f"run.json: {m}"
+        return None if m.get("command") == "label" and m.get("pofe_version") and keys == ["data.pairs"] else f"run.json: {m}"
 
     out.append(P.cli("r2-run: label writes run.json (version, command, config and input hashes)", CLS,
                      "exit 0; run.json names the command and hashes the pairs file",
