@@ -12,8 +12,8 @@ import torch
 from _online_utils import FakeJudge, eos_tiny_model, tiny_cfg
 from pofe.evaluation.vs_initial import winrate, winrate_value
 from pofe.loops.online import run
-from pofe.training.online_pairs import (Annotation, LabelSettings, _select_best_vs_worst, label, label_annotations,
-                                        sample_and_annotate)
+from pofe.labels import LabelPolicy
+from pofe.training.online_pairs import Annotation, _select_best_vs_worst, label, label_annotations, sample_and_annotate
 from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import read_jsonl
 
@@ -198,8 +198,11 @@ def test_offline_mode_trains_on_a_preference_file_and_a_ledger(tmp_path, tiny_mo
     s = run(tiny_cfg(tmp_path / "b", tiny_model_dir, "mode=offline", f"data.preferences={ledger}", "eval.enabled=false"))
     assert s["mode"] == "offline" and s["trained_pairs"] == 4
     assert not (tmp_path / "b" / s["run_dir"].split("/")[-1] / "ledger.jsonl").exists()
-    with pytest.raises(ValueError, match="data.preferences"):
+    from pofe.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.preferences"):  # before any run folder or model
         run(tiny_cfg(tmp_path / "c", tiny_model_dir, "mode=offline", "eval.enabled=false"))
+    assert not (tmp_path / "c").exists()
 
 
 def test_iterative_mode_relabels_every_k_steps(tmp_path, tiny_model_dir):
@@ -292,7 +295,7 @@ def test_tensorboard_sink(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("lora", [True, False])
 def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_model, tiny_model_dir, lora):
-    from pofe.loops.online import build_annotator
+    from pofe.training.annotator import build_annotator
     from pofe.training import Reference, load_policy
 
     cfg = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}", f"model.lora.enabled={lora}")
@@ -323,7 +326,7 @@ def test_label_hygiene_drops_and_counts_inconsistent_and_low_margin_pairs():
     # defaults (OAIF Algorithm 1): every readable non-tie label is trained, as a hard label
     pairs, counts, _ = label_annotations(anns, "hard", 0)
     assert counts["trained"] == 4 and counts["inconsistent"] == counts["low_margin"] == 0
-    strict = LabelSettings(drop_inconsistent=True, min_margin=0.1)
+    strict = LabelPolicy(drop_inconsistent=True, min_margin=0.1)
     pairs, counts, rows = label_annotations(anns, "hard", 0, strict)
     assert [p.pair_id for p in pairs] == ["i0", "i3"]
     assert (counts["trained"], counts["inconsistent"], counts["low_margin"]) == (2, 1, 1)
@@ -348,13 +351,13 @@ def test_calibration_map_is_applied_before_the_filters_and_ledgered(tmp_path):
     report.write_text(json.dumps({"metrics": {"calibration": {"map": {"method": "temperature", "temperature": 2.0}}}}))
     a, b = _c("long answer", (7, 8, 9)), _c("short", (4,))
     anns = [Annotation("i0", 1, Prompt("x"), a, b, _jv(0.9, True)), Annotation("i1", 1, Prompt("x"), a, b, _jv(0.55, True))]
-    hy = LabelSettings(min_margin=0.05, calibration=str(report))
+    hy = LabelPolicy(min_margin=0.05, calibration=str(report))
     pairs, counts, rows = label_annotations(anns, "soft", 0, hy)
     assert [p.pair_id for p in pairs] == ["i0"] and pairs[0].p == pytest.approx(0.75) and counts["low_margin"] == 1
     assert rows[0]["p"] == pytest.approx(0.75) and rows[0]["p_raw"] == 0.9 and rows[0]["calibration"] == str(report)
     assert rows[1]["p"] == pytest.approx(0.525, abs=1e-4)
     with pytest.raises(ValidationError, match="not found"):  # a missing report fails at parse time
-        LabelSettings(calibration=str(tmp_path / "missing.json"))
+        LabelPolicy(calibration=str(tmp_path / "missing.json"))
 
 
 def test_label_hygiene_counts_reach_metrics_and_summary(tmp_path, tiny_model_dir):

@@ -39,6 +39,18 @@ def winrate_value(counts: dict[str, int]) -> float | None:
     return (counts["wins"] + 0.5 * counts["ties"]) / n if n else None
 
 
+def initial_responses(reference, tok, prompts: Sequence[Prompt], *, sampling: SamplingConfig, seed: int) -> list[Completion]:
+    """The initial policy's responses to the held-out prompts, once per run (seeded: the same
+    after a resume), from ``reference.model()`` (pi_0: the frozen copy or the adapter disabled)."""
+    from pofe.training.checkpoints import seed_everything
+
+    if not prompts:
+        return []
+    seed_everything(seed)
+    with reference.model() as pi0:
+        return [g[0] for g in generate(pi0, tok, [prompt_input(p) for p in prompts], n=1, sampling=sampling)]
+
+
 def evaluate_vs_initial(acc, policy, tok, judge, judge_ctx, prompts: Sequence[Prompt],
                         init_responses: Sequence[Completion], *, sampling: SamplingConfig, seed: int, run_dir: Path,
                         step: int) -> dict:

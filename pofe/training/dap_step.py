@@ -1,0 +1,68 @@
+"""Step 4 of OAIF Algorithm 1 (Guo et al. 2024) for ``pofe online``: the DAP update on this
+process's pairs against the reference pi_0 (DPO Eq. 1, IPO Eq. 2, SLiC Eq. 3), gradients
+averaged over data-parallel processes, and the step's ``metrics.jsonl`` row with the
+per-pair losses written to the ledger. No gradient flows through sampling or annotation."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+from pofe.training.dap import DapResult, TokenPair, dap_backward
+from pofe.training.guards import check_finite
+from pofe.training.ledger import loss_row
+from pofe.training.metrics import step_metrics
+from pofe.training.parallel import gather, reduce_sum
+
+
+def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, loss_fn, beta: float, pad_token_id: int,
+               cfg, step: int, times: dict[str, float]) -> tuple[DapResult | None, float | None]:
+    """One optimiser step on the DAP loss of ``pairs`` (this process's; ``policy`` is the DDP
+    wrapper). The loss is normalised by the pairs of all processes, so the all-reduced mean
+    gradient is the gradient of the global mean loss. A NaN/inf loss stops the run before the
+    optimiser step (and so before any checkpoint). Returns the result and the gradient norm
+    (None when nothing was trained anywhere: the optimiser step is skipped)."""
+    world = acc.num_processes
+    n_global = reduce_sum(acc, len(pairs))
+    res = grad_norm = None
+    if n_global > 0:
+        res = dap_backward(policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
+                           normaliser=n_global / world, pad_token_id=pad_token_id, backward=acc.backward, device=acc.device,
+                           no_sync=lambda: acc.no_sync(policy), lockstep=world > 1, precision=cfg.train.precision)
+        for ps in res.pairs:
+            check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
+        t_opt = time.perf_counter()
+        if cfg.optim.grad_clip:
+            grad_norm = float(acc.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip))
+        optimizer.step()
+        times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
+    optimizer.zero_grad(set_to_none=True)
+    return res, grad_norm
+
+
+def schedule_step(scheduler) -> float:
+    """Advance the learning-rate schedule; returns the rate this step used."""
+    lr = scheduler.get_last_lr()[0]
+    with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
+    return lr
+
+
+def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm: float | None, ledger, engine,
+             ) -> dict[str, Any]:
+    """The step's metrics row (every process gathered); the per-pair losses go to the ledger
+    (main process) after the step's annotations."""
+    pair_stats = [ps for r in gather(acc, res.pairs if res else []) for ps in r]
+    counts = {k: int(reduce_sum(acc, v)) for k, v in sp.counts.items()}
+    tokens, chars, samples = (int(reduce_sum(acc, x)) for x in sp.gen)
+    if ledger is not None:
+        for ps in pair_stats:
+            ledger.write(loss_row(ps, step))
+    row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=counts, times=sp.times,
+                       gen_tokens=tokens, gen_chars=chars, num_samples=samples, lr=lr, grad_norm=grad_norm)
+    row.update(engine=engine.name, time_sync=sp.times.get("sync", 0.0), staleness=max(0, sp.staleness),
+               engine_syncs=getattr(engine, "syncs", 0), **sp.extra)
+    row.pop("step")  # the driver writes it
+    return row
