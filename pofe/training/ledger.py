@@ -31,19 +31,15 @@ line; ``kind`` says which schema the row follows.
     margin   float  beta * h, the implicit reward margin
     p        float  the target trained towards (1.0 for hard labels)
 
-A resumed run moves rows written after its checkpoint to ``ledger.after-crash-*.jsonl``
-(kept, never deleted) so the ledger never holds a row twice (:func:`resume_files`).
+The ledger is an append-only output of the driver (``OnlineRecipe.outputs``): every checkpoint
+records its size, and a resumed run moves rows written after it to
+``ledger.after-crash-<time>.jsonl`` (kept, never deleted) so the ledger never holds a row twice.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import Any
-
-from pofe.runs import atomic_write_bytes, open_run_file
-from pofe.training.metrics import truncate_metrics
 
 ANNOTATION_STATUSES = ("trained", "identical", "unlabelled", "ties", "inconsistent", "low_margin", "ranking")
 
@@ -75,24 +71,10 @@ def loss_row(ps, step: int) -> dict[str, Any]:
     return {"kind": "loss", "pair_id": ps.pair_id, "step": step, "loss": ps.loss, "margin": ps.margin, "p": ps.p}
 
 
-def offset(path: Path) -> int:
-    """Byte size of a file (0 when missing): the ledger position a checkpoint records."""
-    return path.stat().st_size if path.exists() else 0
-
-
 def resume_files(run_dir: Path, step: int, ledger_offset: int) -> None:
-    """Make the run folder agree with the checkpoint at ``step``: ledger rows written after
-    it (labelled but not trained when the crash came) move to ``ledger.after-crash-*.jsonl``
-    (kept, never deleted); metrics rows after ``step`` are dropped (they will be recomputed
-    identically)."""
-    ledger = Path(run_dir) / "ledger.jsonl"
-    if os.path.lexists(ledger):
-        # opened without following links: a planted ledger.jsonl link must not get another file truncated
-        fd = open_run_file(ledger, os.O_RDWR)
-        with os.fdopen(fd, "rb+") as f:
-            if os.fstat(f.fileno()).st_size > ledger_offset:
-                f.seek(ledger_offset)
-                tail = f.read()
-                atomic_write_bytes(Path(run_dir) / f"ledger.after-crash-{int(time.time())}.jsonl", tail)
-                f.truncate(ledger_offset)
-    truncate_metrics(run_dir, step)
+    """Make the run folder agree with the checkpoint at ``step`` whose ledger was
+    ``ledger_offset`` bytes: the driver's rewind (:func:`pofe.recipe.rewind`) for the ledger and
+    ``metrics.jsonl``. Never through a planted link."""
+    from pofe.recipe import rewind
+
+    rewind(Path(run_dir), step, {"ledger.jsonl": ledger_offset}, ("ledger.jsonl",))
