@@ -280,11 +280,11 @@ def sr_config(ctx: Ctx, d: Path, name: str = "r", **over) -> Path:
     import yaml
 
     cfg = {"model": {"name": str(ctx.tiny)}, "iterations": 2, "judge": {"kind": "length"},
-           "prompts": {"source": "file", "train": str(D(ctx, "prompts.txt")), "per_iteration": 4},
+           "data": {"prompts": str(D(ctx, "prompts.txt")), "per_iteration": 4},
            "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
            "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 2},
            "selection": {"num_checkpoints": 2, "num_prompts": 2},
-           "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+           "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
            "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(d / "runs"), "name": name}}
     cfg.update(over)
     path = d / f"{name}.yaml"

@@ -29,14 +29,14 @@ def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir):
     cfg = SelfRewardConfig.model_validate({
         "model": {"name": str(tiny_model_dir)}, "iterations": 2,
         "judge": {"kind": "length", "prefer": "shorter"},
-        "prompts": {"source": "file", "train": str(pool), "per_iteration": 16},
+        "data": {"prompts": str(pool), "per_iteration": 16},
         "candidates": {"n": 4, "chunk": 16,
                        "sampling": {"max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0, "batch_size": 16}},
         "dpo": {"optim": {"lr": 5e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1},
                 "batch_size": 8, "grad_accum": 1, "epochs": 4},
         "selection": {"enabled": False},
         # sampled (seeded) rather than greedy: a random model's greedy output is one token repeated
-        "evaluation": {"num_prompts": 24, "sampling": {"temperature": 1.0, "max_new_tokens": 12, "batch_size": 24}},
+        "eval": {"num_prompts": 24, "sampling": {"temperature": 1.0, "max_new_tokens": 12, "batch_size": 24}},
         "run": {"output_dir": str(tmp_path / "runs")},
     })
     s = run(cfg)
@@ -84,7 +84,7 @@ def test_self_reward_embedded_two_iterations(tmp_path):
                 "optim": {"lr": 1e-4, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
         # checkpoint selection is exercised on the tiny model (test_resume_mid_scoring_and_mid_dpo)
         "selection": {"enabled": False},
-        "evaluation": {"num_prompts": 2, "sampling": {"temperature": 0.0, "max_new_tokens": 16}},
+        "eval": {"num_prompts": 2, "sampling": {"temperature": 0.0, "max_new_tokens": 16}},
         "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"},
     })
     s = run(cfg)
@@ -122,18 +122,18 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
     checkpoint, resume: the chunk is not redone, DPO continues from its checkpoint."""
     from pofe.data.prompts import DEFAULT_PROMPTS
     from pofe.judges.programmatic import ValueJudge
-    from pofe.loops import online
+    from pofe.training import checkpoints
 
     pool = tmp_path / "pool.txt"
     pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
     cfg = SelfRewardConfig.model_validate({
         "model": {"name": str(tiny_model_dir)}, "iterations": 2,
         "judge": {"kind": "length"},
-        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+        "data": {"prompts": str(pool), "per_iteration": 4},
         "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
         "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 4},
         "selection": {"num_checkpoints": 2, "num_prompts": 2},
-        "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+        "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
         "run": {"output_dir": str(tmp_path / "runs"), "name": "r"},
     })
 
@@ -161,7 +161,8 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
     def crash_after_checkpoint(*a, **k):
         raise Crash()
 
-    monkeypatch.setattr(online, "prune_checkpoints", crash_after_checkpoint)  # right after step-2 is saved
+    # the DPO stage's driver prunes right after its step-2 checkpoint is saved
+    monkeypatch.setattr(checkpoints, "prune_checkpoints", crash_after_checkpoint)
     with pytest.raises(Crash):
         run(cfg, resume=root)
     rows = read_jsonl(cand)
@@ -190,7 +191,7 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
         "seed_sft": {"enabled": True, "ift": [str(ift)], "train": {"steps": 1, "batch_size": 2, "grad_accum": 1}},
         "eft": {"ranked": str(ranked), "eval_fraction": 0.5},
         "judge": {"kind": "rubric", "template": "rubric", "rubric": {"samples": 1, "max_new_tokens": 6}},
-        "evaluation": {"num_prompts": 1, "sampling": {"max_new_tokens": 4}},
+        "eval": {"num_prompts": 1, "sampling": {"max_new_tokens": 4}},
         "run": {"output_dir": str(tmp_path / "runs"), "name": "seed"},
     })
     s = run(cfg)
@@ -219,10 +220,10 @@ def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     pool = tmp_path / "pool.txt"
     pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
     cfg = {"model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
-           "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+           "data": {"prompts": str(pool), "per_iteration": 4},
            "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
            "dpo": {"optim": {"lr": 1e-3, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 1},
-           "selection": {"enabled": False}, "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+           "selection": {"enabled": False}, "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
            "log": {"progress": False, "tensorboard": False},
            "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"}}
     path = tmp_path / "sr.yaml"
@@ -232,9 +233,10 @@ def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     root = tmp_path / "runs" / "sr"
     saved = (root / "config.yaml").read_text()
     assert (root / "final" / "config.json").exists()  # final/ = M_T
-    # a crash after the candidates of iteration 2: nothing after them exists yet
+    # a crash after the candidates of iteration 2: nothing after them exists yet (nor the
+    # driver's checkpoint of iteration 2, written once its row and iter_2/metrics.json are)
     for p in ("iter_2/metrics.json", "iter_2/model", "iter_2/dpo", "iter_2/eval_responses.jsonl", "summary.json",
-              "final"):
+              "final", "checkpoints/step-2"):
         q = root / p
         shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink()
     r = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--json"])

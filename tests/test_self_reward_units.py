@@ -217,8 +217,8 @@ def test_cli_require_audit_refuses_a_failed_or_missing_report(tmp_path):
 @pytest.mark.parametrize("key,value", [("iterations", "0"), ("dpo.beta", "-0.1"), ("dpo.beta", "0"),
                                        ("dpo.batch_size", "0"), ("dpo.grad_accum", "0"), ("dpo.steps", "0"),
                                        ("candidates.n", "1"), ("candidates.chunk", "0"),
-                                       ("selection.num_checkpoints", "0"), ("evaluation.num_prompts", "-1"),
-                                       ("seed_sft.train.steps", "0"), ("prompts.per_iteration", "0")])
+                                       ("selection.num_checkpoints", "0"), ("eval.num_prompts", "-1"),
+                                       ("seed_sft.train.steps", "0"), ("data.per_iteration", "0")])
 def test_nonsense_hyperparameters_are_refused_at_parse_time(key, value):
     from pofe.config import ConfigError, load_config
     from pofe.loops.self_reward import SelfRewardConfig
@@ -267,3 +267,33 @@ def test_score_stats_counts_unscored_and_margins():
     assert score_stats(rows, pairs) == {"candidates": 5, "unscored_candidates": 3, "mean_score": 3.0,
                                         "pair_margin_mean": 2.0}
     assert score_stats([], [])["mean_score"] is None
+
+
+@pytest.mark.parametrize("override,named", [("evaluation.num_prompts=2", "'evaluation'"),
+                                            ("prompts.train=pool.txt", "'prompts'"),
+                                            ("data.source=file", "'data.source'")])
+def test_old_keys_are_unknown(override, named):
+    """``evaluation`` is ``eval`` and the prompt source is ``data.prompts`` (as in every command;
+    ``prompts.source: file`` is ``data.prompts`` being set); the old names are not aliases."""
+    from pofe.config import ConfigError, load_config
+    from pofe.loops.self_reward import SelfRewardConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(SelfRewardConfig, None, [override])
+    assert f"unknown key {named}" in str(e.value)
+
+
+def test_data_prompts_is_the_pool_and_null_is_self_instruct(tmp_path):
+    """``data.prompts`` is the prompt source as in every command: null = Self-Instruct (no pool
+    read), a file = the pool drawn from per iteration (deduplicated, held-out prompts removed)."""
+    from pofe.config import load_config
+    from pofe.loops.self_reward import SelfRewardConfig, load_inputs
+
+    assert load_inputs(load_config(SelfRewardConfig, None, ["eval.num_prompts=1"])).train_pool == []
+    pool = tmp_path / "pool.txt"
+    pool.write_text("first prompt\nsecond prompt\nfirst prompt\nheld out\n")
+    held = tmp_path / "held.txt"
+    held.write_text("held out\n")
+    cfg = load_config(SelfRewardConfig, None, [f"data.prompts={pool}", f"eval.prompts={held}", "eval.num_prompts=1",
+                                               "selection.enabled=false"])
+    assert load_inputs(cfg).train_pool == ["first prompt", "second prompt"]

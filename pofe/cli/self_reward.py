@@ -33,17 +33,10 @@ def register(app: typer.Typer) -> None:
 
         extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir}
         cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.evaluation.audit import require_audit as _require_audit
         from pofe.loops.self_reward import run
 
-        if require_audit is not None:
-            # The self-rewarding judge is the policy itself and changes every iteration: the
-            # gate names the starting model and the judge template (audit it as a judge
-            # first), before any compute is spent.
-            from pofe.evaluation.audit import self_reward_identity
-
-            _require_audit(require_audit, self_reward_identity(cfg.judge, cfg.model.name))
-        summary = run(cfg, resume=resume)
+        # --require-audit: the driver checks the report before any model loads
+        summary = run(cfg, resume=resume, require_audit=require_audit)
         rows = compact(summary)
         if json_out:
             emit_json({"run_dir": summary["run_dir"], "final_model": summary["final_model"], "seconds": summary["seconds"],

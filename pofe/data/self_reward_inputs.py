@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
@@ -17,21 +17,21 @@ from pofe.data.eft import RankedPrompt, load_ranked, split_ranked
 from pofe.data.prompts import DEFAULT_PROMPTS, load_prompts
 
 
-class PromptSettings(PofeConfig):
-    """Where each iteration's training prompts come from."""
+class SelfRewardDataConfig(PofeConfig):
+    """Where each iteration's training prompts come from (``data``, the prompt-source section
+    every command has; the held-out prompts are ``eval.prompts`` / ``selection.prompts``)."""
 
-    source: Literal["self-instruct", "file"] = "self-instruct"
-    """self-instruct: generated each iteration (the paper). file: drawn from ``train`` without
-    replacement (how NeMo-Aligner runs it; useful for controlled experiments)."""
+    prompts: str | None = None
+    """null: generated each iteration by few-shot Self-Instruct (the paper). A prompt file or a
+    built-in set (as ``data.prompts`` of other commands): ``per_iteration`` prompts drawn from it
+    per iteration without replacement (how NeMo-Aligner runs it; useful for controlled experiments)."""
+    per_iteration: int = Field(64, ge=1)
+    """With ``data.prompts``: prompts drawn per iteration."""
     seeds: str | None = None
     """Seed prompts for Self-Instruct demonstrations; None = the IFT prompts, else the
     built-in prompts (minus the held-out ones)."""
     seed_field: str | None = None
     """Field holding the seed prompt (default: the usual prompt fields)."""
-    train: str | None = None
-    """source=file: the prompt pool."""
-    per_iteration: int = Field(64, ge=1)
-    """source=file: prompts drawn per iteration."""
 
 
 @dataclass
@@ -64,10 +64,10 @@ def load_inputs(cfg: Any) -> Inputs:
         taken.update(out)
         return out
 
-    eval_prompts = take(cfg.evaluation.prompts, cfg.evaluation.num_prompts)
+    eval_prompts = take(cfg.eval.prompts, cfg.eval.num_prompts)
     val_prompts = take(cfg.selection.prompts, cfg.selection.num_prompts if cfg.selection.enabled else 0)
-    if cfg.prompts.seeds:
-        seeds = [p.text for p in load_prompts(cfg.prompts.seeds, field=cfg.prompts.seed_field)]
+    if cfg.data.seeds:
+        seeds = [p.text for p in load_prompts(cfg.data.seeds, field=cfg.data.seed_field)]
     elif cfg.seed_sft.ift:
         from pofe.data.sft import load_examples
 
@@ -78,7 +78,7 @@ def load_inputs(cfg: Any) -> Inputs:
     else:
         seeds = [p for p in builtin if p not in taken]
     seeds = [s for s in dict.fromkeys(seeds) if s not in taken]
-    pool = [p.text for p in load_prompts(cfg.prompts.train)] if cfg.prompts.source == "file" and cfg.prompts.train else []
+    pool = [p.text for p in load_prompts(cfg.data.prompts)] if cfg.data.prompts is not None else []
     pool = [p for p in dict.fromkeys(pool) if p not in taken]
     inp = Inputs(seeds, eval_prompts, val_prompts, pool)
     if cfg.eft.ranked:

@@ -49,13 +49,13 @@ class StageClock:
         self.t = now
 
 
-def link_final(run_dir: Path, model: str, load) -> Path:
-    """``<run_dir>/final`` = the last stage's model: a relative symlink when it is a folder of
-    this run, else a copy saved from ``load()`` (e.g. M1 given as a hub or embedded name)."""
-    final = Path(run_dir) / "final"
+def link_final(final: Path, model: str, load) -> Path:
+    """``final`` (``<run_dir>/final``) = the last stage's model: a relative symlink when it is a
+    folder of this run, else a copy saved from ``load()`` (e.g. M1 given as a hub or embedded name)."""
+    final = Path(final)
     if final.exists() or final.is_symlink():
         return final
-    src = Path(model)
+    run_dir, src = final.parent, Path(model)
     if src.is_dir() and Path(os.path.abspath(src)).is_relative_to(os.path.abspath(run_dir)):
         os.symlink(os.path.relpath(os.path.abspath(src), os.path.abspath(run_dir)), final)
     else:

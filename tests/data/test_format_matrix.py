@@ -107,7 +107,7 @@ def _online(src):
 def _self_reward(src):
     from pofe.loops.self_reward import SelfRewardConfig, load_inputs
 
-    cfg = SelfRewardConfig.model_validate({"evaluation": {"prompts": str(src), "num_prompts": 100},
+    cfg = SelfRewardConfig.model_validate({"eval": {"prompts": str(src), "num_prompts": 100},
                                            "selection": {"enabled": False}})
     return [(t, None) for t in load_inputs(cfg).eval_prompts]
 

@@ -183,11 +183,11 @@ def _sr_config(tmp_path: Path, model_dir, name: str) -> Path:
     import yaml
 
     cfg = {"model": {"name": str(model_dir)}, "iterations": 2, "judge": {"kind": "length"},
-           "prompts": {"source": "file", "train": str(_prompts_file(tmp_path, 8)), "per_iteration": 4},
+           "data": {"prompts": str(_prompts_file(tmp_path, 8)), "per_iteration": 4},
            "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
            "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 2},
            "selection": {"num_checkpoints": 2, "num_prompts": 2},
-           "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+           "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
            "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path), "name": name}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -4,6 +4,7 @@ per class of fix."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,19 +113,20 @@ def _sr_cfg(tmp_path: Path, tiny_model_dir, **selection):
     pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
     return SelfRewardConfig.model_validate({
         "model": {"name": str(tiny_model_dir)}, "iterations": 2, "judge": {"kind": "length"},
-        "prompts": {"source": "file", "train": str(pool), "per_iteration": 4},
+        "data": {"prompts": str(pool), "per_iteration": 4},
         "candidates": {"n": 2, "chunk": 2, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
         "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 1, "grad_accum": 1, "steps": 2},
         "selection": {"num_checkpoints": 2, "num_prompts": 2, **selection},
-        "evaluation": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
+        "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 6}},
         "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
 
 
 def _undo_after_selection(root: Path) -> None:
     """What a crash right after checkpoint selection of iteration 2 leaves: no evaluation,
-    no iteration marker, no final/."""
+    no iteration marker, no final/, no driver checkpoint of iteration 2."""
     for p in ("iter_2/metrics.json", "iter_2/eval_responses.jsonl", "summary.json", "final"):
         (root / p).unlink()
+    shutil.rmtree(root / "checkpoints" / "step-2")
 
 
 def test_self_reward_crash_before_the_iteration_row_redoes_only_what_is_missing(tmp_path, tiny_model_dir, monkeypatch):
