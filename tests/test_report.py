@@ -239,3 +239,21 @@ def test_report_audit_folder_and_file(tmp_path):
     page = _check_report(res)
     assert "Audit report" in page and "Cohen" in page
     assert write_report(tmp_path / "aud" / "audit.json", tmp_path / "o2")["plots"] == ["reliability", "length_curve"]
+
+
+def test_the_command_comes_from_run_json_not_from_the_files(tmp_path):
+    """A folder names the command that wrote it (run.json); the file guess is only for older folders."""
+    import json as _json
+
+    from pofe.evaluation.report import detect_kind, load_run
+
+    d = tmp_path / "r"
+    d.mkdir()
+    # the files of an rl run (objective/kl_k3 in its metrics) ...
+    (d / "metrics.jsonl").write_text(_json.dumps({"step": 1, "loss": 0.5, "objective/kl_k3": 0.1}) + "\n")
+    assert detect_kind(load_run(d)) == "rl"  # no run.json: guessed
+    # ... in a folder whose run.json says sft: the report believes run.json
+    (d / "run.json").write_text(_json.dumps({"format": 1, "command": "sft"}))
+    run = load_run(d)
+    assert run.kind == "sft"
+    assert write_report(d)["kind"] == "sft"

@@ -95,11 +95,27 @@ def _num(v: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def recorded_command(run_dir: Path) -> str | None:
+    """The command ``run.json`` says wrote the folder (pofe.runs.write_manifest), or None when the
+    folder has no readable ``run.json`` (an older pofe)."""
+    from pofe.runs import read_run_text
+
+    try:
+        command = json.loads(read_run_text(Path(run_dir) / "run.json")).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) and command else None
+
+
 def detect_kind(run: "RunData") -> str:
-    """Which command wrote the folder, from the files it writes (each loop's own set)."""
+    """Which command wrote the folder: the one ``run.json`` names; for a folder from an older pofe
+    (no ``run.json``), guessed from the files it writes (each loop's own set)."""
     d = run.run_dir
     if run.audit is not None:
         return "audit"
+    recorded = recorded_command(d)
+    if recorded is not None:
+        return recorded
     if (d / "revisions.jsonl").exists():
         return "cai-revise"
     if (d / "labels.jsonl").exists():
@@ -657,8 +673,9 @@ def make_plots(run: RunData) -> list[Plot]:
         if png is not None:
             plots.append(Plot(name, title, caption, png))
 
-    {"online": _online_plots, "unknown": _online_plots, "self-reward": _self_reward_plots, "label": _label_plots,
-     "rm": _rm_plots, "rl": _rl_plots, "cai-revise": _cai_plots, "audit": _audit_plots}[run.kind](run, add)
+    # a command without plots of its own (sft, judge) gets the generic metrics curves
+    {"self-reward": _self_reward_plots, "label": _label_plots, "rm": _rm_plots, "rl": _rl_plots,
+     "cai-revise": _cai_plots, "audit": _audit_plots}.get(run.kind, _online_plots)(run, add)
     return plots
 
 
