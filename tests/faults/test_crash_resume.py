@@ -145,7 +145,7 @@ def test_rl_sigkill_at_a_random_point_resumes_exactly(tmp_path, tiny_model_dir):
 
 
 def _label_args(model_dir, tmp_path, name):
-    sets = [f"judge.model={model_dir}", f"judge.cache.path={tmp_path / (name + '.sqlite')}", "batch_size=2",
+    sets = [f"judge.model={model_dir}", f"judge.cache.path={tmp_path / (name + '.sqlite')}", "train.batch_size=2",
             "sampling.max_new_tokens=5", "log.progress=false", "log.tensorboard=false"]
     return ["label", "--model", str(model_dir), "--prompts", str(_prompts_file(tmp_path)), "--output-dir", str(tmp_path),
             "--name", name, *[a for s in sets for a in ("--set", s)]]

@@ -98,8 +98,9 @@ def test_resume_never_turns_on_trust_remote_code_from_the_folder(tmp_path, tiny_
     (model / "config.json").write_text(json.dumps(cfg))
     (model / "evil.py").write_text(_EVIL)
     run_dir = _plant(tmp_path / "runs" / "r", LabelConfig, {
-        "model": {"name": str(model), "trust_remote_code": True}, "prompts": str(_pairs(tmp_path / "p.txt")),
-        "judge": {"kind": "length"}, "max_prompts": 2, "sampling": {"max_new_tokens": 2},
+        "model": {"name": str(model), "trust_remote_code": True},
+        "data": {"prompts": str(_pairs(tmp_path / "p.txt")), "max_prompts": 2}, "judge": {"kind": "length"},
+        "sampling": {"max_new_tokens": 2},
         "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
     res = pofe("label", "--resume", str(run_dir), timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
@@ -116,7 +117,7 @@ def test_resume_refuses_an_endpoint_url_from_the_folder_unless_confirmed(tmp_pat
 
     url = "http://127.0.0.1:9/v1"  # discard port: nothing listens
     run_dir = _plant(tmp_path / "runs" / "r", LabelConfig, {
-        "pairs": str(_pairs(tmp_path / "pairs.jsonl")),
+        "data": {"pairs": str(_pairs(tmp_path / "pairs.jsonl"))},
         "judge": {"kind": "openai", "endpoint": {"base_url": url, "max_retries": 0, "identify": False}},
         "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": "r"}})
     res = invoke("label", "--resume", str(run_dir))
@@ -316,7 +317,7 @@ def test_run_json_pins_config_and_inputs_and_resume_refuses_changes(tmp_path):
     manifest = json.loads((run_dir / "run.json").read_text())
     assert manifest["pofe_version"] == __version__ and manifest["command"] == "label"
     assert manifest["config_sha256"] == hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
-    assert manifest["inputs"] == [{"key": "pairs", "path": str(pairs), "sha256": hashlib.sha256(pairs.read_bytes()).hexdigest(),
+    assert manifest["inputs"] == [{"key": "data.pairs", "path": str(pairs), "sha256": hashlib.sha256(pairs.read_bytes()).hexdigest(),
                                    "bytes": pairs.stat().st_size}]
     assert invoke("label", "--resume", str(run_dir)).returncode == 0  # unchanged: resumes
 
@@ -324,7 +325,7 @@ def test_run_json_pins_config_and_inputs_and_resume_refuses_changes(tmp_path):
     pairs.write_text(original + json.dumps({"prompt": "new?", "response_a": "a", "response_b": "bb"}) + "\n")
     res = invoke("label", "--resume", str(run_dir))
     assert res.returncode == 2
-    _one_line(res, "input pairs", str(pairs), "changed")
+    _one_line(res, "input data.pairs", str(pairs), "changed")
     pairs.write_text(original)
 
     config = (run_dir / "config.yaml").read_text()
