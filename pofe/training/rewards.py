@@ -115,6 +115,12 @@ class RewardConfig(PofeConfig):
             raise ValueError("reward.kind = judge needs reward.judge (e.g. kind: expected-score)")
         if self.kind == "pairwise" and self.judge is None:
             raise ValueError("reward.kind = pairwise needs reward.judge (any pairwise judge, e.g. kind: length or llm)")
+        if self.function != "length":  # a plugin reward takes no length settings: set, they would do nothing
+            fields = type(self).model_fields
+            for key in ("prefer", "unit", "scale"):
+                if getattr(self, key) != fields[key].default:
+                    raise ConfigError(f"bad value for 'reward.{key}': it applies only to function length "
+                                      f"(function is {self.function}); remove it")
         return self
 
 

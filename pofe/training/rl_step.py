@@ -15,9 +15,10 @@ from pofe.training.precision import autocast
 from pofe.training.rl import RewardFn, kl_terms, masked_group_advantages, pg_loss, token_logprobs
 
 
-def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg: RLConfig, reward_fn: RewardFn, optimizer, scheduler,
+def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: RewardFn, optimizer, scheduler,
             *, seed: int, monitor_fn: RewardFn | None = None) -> dict[str, Any]:
-    """Sample -> score -> one group-baseline policy-gradient update. Returns the step's metrics."""
+    """Sample -> score -> one group-baseline policy-gradient update (``cfg``: the command's RLConfig). Returns
+    the step's metrics."""
     from pofe.generation import generate
 
     k, mb = cfg.train.group_size, cfg.train.micro_batch

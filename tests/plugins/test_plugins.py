@@ -313,3 +313,20 @@ def test_builtin_backend_names_match_the_backends_map():
     from pofe.judges.config import BUILTIN_BACKENDS
 
     assert set(BUILTIN_BACKENDS) == set(BACKENDS)
+
+
+def test_length_settings_with_a_plugin_reward_are_refused(monkeypatch):
+    """reward.prefer/unit/scale configure the built-in length reward only: with a plugin reward they would do nothing."""
+    from pofe.config import ConfigError
+    from pofe.training.rewards import RewardConfig
+
+    RewardConfig(function="length", prefer="longer", scale=2.0)  # the built-in reads them
+    import pofe.training.rewards as rewards
+
+    fields = RewardConfig.model_fields
+    assert fields["prefer"].default == "shorter" and fields["scale"].default == 1.0
+    # bypass the plugin-name lookup: the check under test is the model validator on an already-valid name
+    cfg = RewardConfig.model_construct(kind="programmatic", function="toy-words", prefer="longer", unit="tokens", scale=1.0,
+                                       model=None, max_length=512, judge=None, pairwise=rewards.PairwiseRewardConfig())
+    with pytest.raises(ConfigError, match=r"reward\.prefer.*function length"):
+        cfg._source_given()
