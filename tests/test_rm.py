@@ -122,7 +122,8 @@ def _pair_file(tmp_path, n=12):
 def test_run_saves_a_sequence_classifier_that_plugs_in_as_judge(tmp_path, tiny_model_dir, lora):
     cfg = RMConfig(model={"name": str(tiny_model_dir), "lora": {"enabled": lora, "r": 4, "alpha": 8}},
                    data={"train": [str(_pair_file(tmp_path))], "eval_fraction": 0.25}, train={"epochs": 3, "batch_size": 4},
-                   optim={"lr": 3e-3 if not lora else 1e-2, "warmup_steps": 0}, run={"output_dir": str(tmp_path), "name": "rm"})
+                   eval={"every": 3}, optim={"lr": 3e-3 if not lora else 1e-2, "warmup_steps": 0},
+                   run={"output_dir": str(tmp_path), "name": "rm"})
     s = run(cfg)
     assert s["train_pairs"] == 9 and s["eval_pairs"] == 3 and s["steps"] == 9
     assert s["final_model"] == str(tmp_path / "rm" / "final")
@@ -134,6 +135,9 @@ def test_run_saves_a_sequence_classifier_that_plugs_in_as_judge(tmp_path, tiny_m
     assert {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "learning_rate",
             "grad_norm"} <= set(rows[0])
     assert rows[0]["rewards/margins"] == pytest.approx(rows[0]["rewards/chosen"] - rows[0]["rewards/rejected"], abs=1e-5)
+    # eval.every = 3: held-out metrics on steps 3, 6, 9; step 9's are the final model's
+    assert [r["step"] for r in rows if "eval_loss" in r] == [3, 6, 9]
+    assert rows[8]["eval_loss"] == pytest.approx(ev["loss"], rel=1e-5) and rows[8]["eval_accuracy"] == ev["accuracy"]
     from transformers import AutoModelForSequenceClassification
 
     m = AutoModelForSequenceClassification.from_pretrained(s["final_model"])
@@ -237,6 +241,14 @@ def test_nonsense_hyperparameters_are_refused_at_parse_time(bad):
 
     with pytest.raises(ConfigError, match=re.escape(bad.split("=")[0])):
         load_config(RMConfig, None, [bad])
+
+
+def test_eval_every_lives_in_the_eval_section():
+    from pofe.config import ConfigError, load_config
+
+    assert load_config(RMConfig, None, ["eval.every=3"]).eval.every == 3
+    with pytest.raises(ConfigError, match="train.eval_every"):  # the old key is not an alias
+        load_config(RMConfig, None, ["train.eval_every=3"])
 
 
 def test_hh_rlhf_pairs_load(shared_data):

@@ -44,10 +44,7 @@ def register(app: typer.Typer) -> None:
         cfg = resolve_config(RMConfig, config, set_, {
             "data.train": train or None, "model.name": model, "data.labels": labels, "train.epochs": epochs,
             "train.steps": steps, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
-        from pofe.evaluation.audit import gate, labels_identity
-
-        gate(require_audit, lambda: labels_identity(cfg.data.train))
-        s = run(cfg, resume=resume)
+        s = run(cfg, resume=resume, require_audit=require_audit)  # the audit gate runs before any model loads
         if json_out:
             emit_json(s)
             return

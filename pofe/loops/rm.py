@@ -17,35 +17,31 @@ accuracy, calibration (reliability bins and ECE of σ(Δr) against the labels), 
 statistics next to the margin the labels imply (mean logit(p)): inflated margins are what RL
 exploits (seed, "Overconfident labels").
 
-``--resume RUN_DIR`` continues from the latest checkpoint: the batch schedule is a function of
-the seed alone, metrics rows after the checkpoint are dropped, so the resumed run equals the
-uninterrupted one.
+The run folder, ``--resume``, checkpoints, metrics and ``final/`` are the driver's
+(:mod:`pofe.recipe`); the batch schedule is a function of the seed alone, so a resumed run
+equals the uninterrupted one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import random
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import Field
 
 from pofe.config import PofeConfig
+from pofe.data.rm_pairs import hardened, load_rm_pairs, split_pairs
 from pofe.losses import RMLossName, get_rm_loss
-from pofe.records import PreferencePair
-from pofe.runs import RunConfig, atomic_write_text, open_run, read_jsonl, write_config
-from pofe.training.allocator import keep_freed_memory
+from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
+from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
-from pofe.training.precision import Precision, autocast
-from pofe.training.resume import CheckpointConfig
-from pofe.training.reward_model import evaluate_reward_model, load_reward_model, pair_prompt, rewards, wrap_reward_model
-from pofe.training.tracking import LogConfig, MetricsSink, Progress
+from pofe.training.precision import Precision
+from pofe.training.rm_step import batch_schedule, rm_step
+from pofe.training.tracking import LogConfig
+
+__all__ = ["RMConfig", "RMRecipe", "run", "rm_step", "batch_schedule", "hardened", "split_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +72,16 @@ class RMTrainConfig(PofeConfig):
     """Stop after this many optimiser steps (default: epochs × ceil(pairs / batch_size))."""
     batch_size: int = Field(8, ge=1)
     """Pairs per optimiser step (2 x batch_size sequences per forward)."""
-    eval_every: int = Field(0, ge=0)
-    """Evaluate on the held-out pairs every N steps (0: only before and after training)."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
     (AMX CPUs, GPUs; ``pofe.training.precision``)."""
+
+
+class RMEvalConfig(PofeConfig):
+    """The held-out measurement (the pairs are ``data.eval`` or a split of ``data.train``)."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate on the held-out pairs every N steps (0: only before and after training)."""
 
 
 class RMConfig(PofeConfig):
@@ -94,6 +95,8 @@ class RMConfig(PofeConfig):
     """Reward-model loss (``pofe.losses.RM_LOSSES``): the soft Bradley-Terry cross-entropy, or a ``pofe.rm_losses`` plugin's."""
     optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0)
     """RM defaults: a reward head trains at a far higher rate than OAIF's policy lr, no warm-up."""
+    eval: RMEvalConfig = RMEvalConfig()
+    """When the held-out pairs are measured during training."""
     train: RMTrainConfig = RMTrainConfig()
     """Steps and batch shape."""
     max_length: int = Field(512, ge=1)
@@ -110,164 +113,89 @@ class RMConfig(PofeConfig):
     """Where the run folder goes."""
 
 
-# ----------------------------------------------------------------------------- data
-
-def hardened(pairs: Sequence[PreferencePair]) -> list[PreferencePair]:
-    """Hard labels from soft ones: the favourite becomes chosen with p = 1; exact ties dropped."""
-    return [h for h in (q.hardened() for q in pairs) if h is not None]
-
-
-def split_pairs(pairs: list[PreferencePair], fraction: float, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """Deterministic train/eval split; at least one eval pair when fraction > 0 and n > 1."""
-    idx = list(range(len(pairs)))
-    random.Random(seed).shuffle(idx)
-    k = round(len(pairs) * fraction)
-    if fraction > 0 and k == 0 and len(pairs) > 1:
-        k = 1
-    ev = set(idx[:k])
-    return [q for i, q in enumerate(pairs) if i not in ev], [q for i, q in enumerate(pairs) if i in ev]
-
-
-def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int | None = None) -> list[list[int]]:
-    """Index batches for every optimiser step: each epoch a fresh shuffle from (seed, epoch).
-    A function of its arguments alone, so a resumed run takes the same batches."""
-    out = []
-    for epoch in range(epochs):
-        order = list(range(n))
-        random.Random(seed * 1009 + epoch).shuffle(order)
-        out += [order[s:s + batch_size] for s in range(0, n, batch_size)]
-    return out[:steps] if steps is not None else out
-
-
-def load_data(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair], dict[str, int]]:
-    from pofe.data.preferences import load_pairs
-
-    if not cfg.data.train:
-        raise ValueError("rm: data.train is empty; give at least one pair source (e.g. runs/label-*/preferences.jsonl)")
-    train: list[PreferencePair] = []
-    per_source = {}
-    for src in cfg.data.train:
-        got = load_pairs(src, limit=cfg.data.max_pairs_per_source)
-        per_source[src] = len(got)
-        train += got
-    if cfg.data.eval:
-        eval_pairs = [q for src in cfg.data.eval for q in load_pairs(src, limit=cfg.data.max_pairs_per_source)]
-    else:
-        train, eval_pairs = split_pairs(train, cfg.data.eval_fraction, cfg.seed)
-    if cfg.data.labels == "hard":
-        train = hardened(train)
-    if not train:
-        raise ValueError("rm: no training pairs left")
-    return train, eval_pairs, per_source
-
-
-# ----------------------------------------------------------------------------- the step
-
-def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg: RMConfig, optimizer, scheduler, loss_fn) -> dict[str, Any]:
-    """One optimiser step of the soft Bradley-Terry loss; TRL's metric names."""
-    t0 = time.perf_counter()
-    with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
-        r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
-                    max_length=cfg.max_length)
-    margin = r[: len(batch)] - r[len(batch):]
-    p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
-    loss = loss_fn(margin, p).mean()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = None
-    if cfg.optim.grad_clip:
-        gn = float(torch.nn.utils.clip_grad_norm_([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip))
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    scheduler.step()
-    m, r = margin.detach(), r.detach()
-    decided = p != 0.5
-    agree = ((m > 0) & (p > 0.5)) | ((m < 0) & (p < 0.5))
-    return {"loss": float(loss), "rewards/chosen": float(r[: len(batch)].mean()),
-            "rewards/rejected": float(r[len(batch):].mean()), "rewards/margins": float(m.mean()),
-            "rewards/accuracies": float(agree[decided].float().mean()) if decided.any() else None,
-            "grad_norm": gn, "learning_rate": lr, "seconds": round(time.perf_counter() - t0, 4)}
-
-
 # ----------------------------------------------------------------------------- the command
 
-def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenizer=None) -> dict[str, Any]:
-    """Setup -> train -> evaluate -> save (``<run>/final`` is a save_pretrained directory).
+class RMRecipe(Recipe):
+    """pairs -> held-out measurement -> one rm_step per batch -> measurement and ``final/`` (:mod:`pofe.recipe`)."""
 
-    ``resume``: a run folder to continue from its latest checkpoint (``cfg`` is its saved config)."""
-    from pofe.training import (
-        make_optimizer,
-        make_scheduler,
-        save_final,
-        seed_everything,
-    )
-    from pofe.training.resume import checkpoint_if_due, resume_from_checkpoint
+    command = "rm"
+    show = (("loss", "loss", "{:.3f}"), ("rewards/accuracies", "acc", "{:.2f}"))
 
-    # --- setup: data first (a bad file fails before any run folder exists)
-    train, eval_pairs, per_source = load_data(cfg)
-    schedule = batch_schedule(len(train), cfg.train.batch_size, cfg.train.epochs, cfg.seed, cfg.train.steps)
-    total = len(schedule)
-    run_dir = open_run(cfg.run, "rm", resume=resume)
-    if resume is None:
-        write_config(run_dir, cfg)
-    keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
-    seed_everything(cfg.seed)
-    if model is None:
-        model, tokenizer = load_reward_model(cfg.model)
-    else:
-        model = wrap_reward_model(model, cfg.model, pad_token_id=tokenizer.pad_token_id)
-    optimizer = make_optimizer(model, cfg.optim)
-    scheduler = make_scheduler(optimizer, cfg.optim, total)
-    loss_fn = get_rm_loss(cfg.loss)
-    start, state = 0, {}
-    if resume is not None:
-        start, state = resume_from_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
-        log.info("rm: resuming %s at step %d", run_dir, start)
+    def __init__(self, cfg: RMConfig, *, model=None, tokenizer=None):
+        super().__init__(cfg)
+        self.model, self.tokenizer = model, tokenizer
 
-    def evaluate():
-        return evaluate_reward_model(model, tokenizer, eval_pairs, batch_size=cfg.train.batch_size,
+    def load_data(self) -> None:
+        cfg = self.cfg
+        self.train, self.eval_pairs, self.sources = load_rm_pairs(cfg.data, cfg.seed)
+        self.schedule = batch_schedule(len(self.train), cfg.train.batch_size, cfg.train.epochs, cfg.seed, cfg.train.steps)
+
+    def audit_identity(self):
+        from pofe.evaluation.audit import labels_identity
+
+        return labels_identity(self.cfg.data.train)  # the judge that labelled the training pairs
+
+    def setup(self, run: RunContext) -> None:
+        from pofe.training import make_optimizer, make_scheduler
+        from pofe.training.reward_model import load_reward_model, wrap_reward_model
+
+        cfg = self.cfg
+        if self.model is None:
+            self.model, self.tokenizer = load_reward_model(cfg.model)
+        else:
+            self.model = wrap_reward_model(self.model, cfg.model, pad_token_id=self.tokenizer.pad_token_id)
+        self.total_steps = len(self.schedule)
+        self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.loss_fn = get_rm_loss(cfg.loss)
+        self.steps_per_epoch = math.ceil(len(self.train) / cfg.train.batch_size)
+        self.model.train()
+
+    def restore(self, run: RunContext) -> None:
+        cfg = self.cfg
+        self.before = self.evaluate() if run.start == 0 else run.state.get("eval_before")
+        log.info("rm: %d train / %d eval pairs (%s labels), %d steps", len(self.train), len(self.eval_pairs),
+                 cfg.data.labels, self.total_steps)
+
+    def evaluate(self):
+        from pofe.training.reward_model import evaluate_reward_model
+
+        cfg = self.cfg
+        return evaluate_reward_model(self.model, self.tokenizer, self.eval_pairs, batch_size=cfg.train.batch_size,
                                      max_length=cfg.max_length, bins=cfg.calibration_bins)
 
-    before = evaluate() if start == 0 else state.get("eval_before")
-    log.info("rm: %d train / %d eval pairs (%s labels), %d steps", len(train), len(eval_pairs), cfg.data.labels, total)
+    def step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        batch = [self.train[i] for i in self.schedule[step - 1]]
+        row = {"epoch": (step - 1) // self.steps_per_epoch,
+               **rm_step(self.model, self.tokenizer, batch, cfg, self.optimizer, self.scheduler, self.loss_fn)}
+        if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_pairs:
+            ev = self.evaluate()
+            row.update({"eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"], "eval_ece": ev["ece"],
+                        "eval_margin_mean": ev["margin"]["mean"]})
+        return row
 
-    # --- train
-    t0 = time.perf_counter()
-    model.train()
-    sink = MetricsSink(run_dir, cfg.log, config=cfg.model_dump(mode="json"))
-    bar = Progress(cfg.log, total=total, initial=start, desc="pofe rm",
-                   show=(("loss", "loss", "{:.3f}"), ("rewards/accuracies", "acc", "{:.2f}")))
-    steps_per_epoch = math.ceil(len(train) / cfg.train.batch_size)
-    try:
-        for step in range(start + 1, total + 1):
-            batch = [train[i] for i in schedule[step - 1]]
-            row = {"step": step, "epoch": (step - 1) // steps_per_epoch,
-                   **rm_step(model, tokenizer, batch, cfg, optimizer, scheduler, loss_fn)}
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and eval_pairs:
-                ev = evaluate()
-                model.train()
-                row.update({"eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"], "eval_ece": ev["ece"],
-                            "eval_margin_mean": ev["margin"]["mean"]})
-            sink.write(row)
-            bar.update(row)
-            checkpoint_if_due(run_dir, cfg.checkpoint, step, total, model=model, optimizer=optimizer,
-                              scheduler=scheduler, state={"eval_before": before})
-    finally:
-        bar.close()
-        sink.close()
-    seconds = time.perf_counter() - t0
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"eval_before": self.before}
 
-    # --- save
-    after = evaluate()
-    out = save_final(model, tokenizer, run_dir / "final")
-    atomic_write_text(out / "pofe_reward_model.json", json.dumps(
-        {"format": "chat-template, reward at the last non-pad token", "num_labels": 1, "max_length": cfg.max_length,
-         "labels": cfg.data.labels, "loss": cfg.loss, "base": cfg.model.name}, indent=2))
-    summary = {
-        "run_dir": str(run_dir), "final_model": str(out), "train_pairs": len(train), "eval_pairs": len(eval_pairs),
-        "sources": per_source, "labels": cfg.data.labels, "steps": len(read_jsonl(run_dir / "metrics.jsonl")),
-        "steps_run": total - start, "resumed_from": start if resume is not None else None,
-        "seconds": round(seconds, 2), "eval_before": before, "eval": after,
-    }
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    return summary
+    def save_final(self, out: Path) -> Path | None:
+        from pofe.training.reward_model import save_reward_model
+
+        cfg = self.cfg
+        return save_reward_model(self.unwrapped(), self.tokenizer, out, max_length=cfg.max_length, labels=cfg.data.labels,
+                                 loss=cfg.loss, base=cfg.model.name)
+
+    def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"train_pairs": len(self.train), "eval_pairs": len(self.eval_pairs), "sources": self.sources,
+                "labels": cfg.data.labels, "eval_before": self.before, "eval": self.evaluate()}
+
+
+def run(cfg: RMConfig, *, resume: str | Path | None = None, model=None, tokenizer=None,
+        require_audit: str | Path | None = None) -> dict[str, Any]:
+    """Setup -> train -> evaluate -> save (``<run>/final`` is a save_pretrained directory).
+
+    ``resume``: a run folder to continue from its latest checkpoint (``cfg`` is its saved config).
+    ``require_audit``: a ``pofe audit`` report that must have passed for the judge that labelled
+    ``data.train`` (checked before any model loads)."""
+    return drive(RMRecipe(cfg, model=model, tokenizer=tokenizer), resume=resume, require_audit=require_audit)

@@ -92,6 +92,22 @@ def wrap_reward_model(model, cfg: ModelConfig, *, pad_token_id: int | None = Non
     return model
 
 
+
+def save_reward_model(model, tokenizer, out_dir, *, max_length: int, labels: str, loss: str, base: str):
+    """``final/`` of ``pofe rm``: the model saved atomically (merged under LoRA) plus
+    ``pofe_reward_model.json`` (how rewards are read, what it was trained on) for the
+    ``reward-model`` judge, ``pofe rl`` and ``pofe report``. Returns the folder."""
+    import json
+
+    from pofe.runs import atomic_write_text
+    from pofe.training.checkpoints import save_final
+
+    out = save_final(model, tokenizer, out_dir)
+    atomic_write_text(out / "pofe_reward_model.json", json.dumps(
+        {"format": "chat-template, reward at the last non-pad token", "num_labels": 1, "max_length": max_length,
+         "labels": labels, "loss": loss, "base": base}, indent=2))
+    return out
+
 def tiny_reward_model(tokenizer, *, hidden_size: int = 32, num_layers: int = 2, seed: int = 0):
     """A tiny random Llama sequence classifier (num_labels = 1) for tests."""
     from transformers import LlamaConfig, LlamaForSequenceClassification

@@ -1,0 +1,54 @@
+"""One ``pofe rm`` step (the Bradley-Terry loss against the soft target, one optimiser update)
+and the batch order of every step."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pofe.records import PreferencePair
+from pofe.training.precision import autocast
+from pofe.training.reward_model import pair_prompt, rewards
+
+
+def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int | None = None) -> list[list[int]]:
+    """Index batches for every optimiser step: each epoch a fresh shuffle from (seed, epoch).
+    A function of its arguments alone, so a resumed run takes the same batches."""
+    out = []
+    for epoch in range(epochs):
+        order = list(range(n))
+        random.Random(seed * 1009 + epoch).shuffle(order)
+        out += [order[s:s + batch_size] for s in range(0, n, batch_size)]
+    return out[:steps] if steps is not None else out
+
+
+def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, scheduler, loss_fn) -> dict[str, Any]:
+    """One optimiser step of ``loss_fn(Δr, p)`` (the soft Bradley-Terry loss by default, whose
+    per-pair minimiser is Δr = logit(p)); ``cfg`` is ``pofe rm``'s config (``train.precision``,
+    ``max_length``, ``optim.grad_clip``). TRL's metric names."""
+    t0 = time.perf_counter()
+    with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
+        r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
+                    max_length=cfg.max_length)
+    margin = r[: len(batch)] - r[len(batch):]
+    p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
+    loss = loss_fn(margin, p).mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = None
+    if cfg.optim.grad_clip:
+        gn = float(torch.nn.utils.clip_grad_norm_([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    m, r = margin.detach(), r.detach()
+    decided = p != 0.5
+    agree = ((m > 0) & (p > 0.5)) | ((m < 0) & (p < 0.5))
+    return {"loss": float(loss), "rewards/chosen": float(r[: len(batch)].mean()),
+            "rewards/rejected": float(r[len(batch):].mean()), "rewards/margins": float(m.mean()),
+            "rewards/accuracies": float(agree[decided].float().mean()) if decided.any() else None,
+            "grad_norm": gn, "learning_rate": lr, "seconds": round(time.perf_counter() - t0, 4)}
