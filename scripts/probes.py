@@ -273,7 +273,7 @@ def label_sample_args(ctx: Ctx, d: Path, *extra: str, name: str = "r") -> list[s
 
 def eval_args(ctx: Ctx, d: Path, *extra: str, prompts: Path | None = None) -> list[str]:
     return ["eval", str(ctx.tiny), str(ctx.tiny), "--prompts", str(prompts or D(ctx, "prompts.txt")), "--judge", "length",
-            *sets("limit=4", "sampling.max_new_tokens=4", "n_boot=20", "refusal=false", *extra)]
+            *sets("data.max_prompts=4", "sampling.max_new_tokens=4", "n_boot=20", "refusal=false", *extra)]
 
 
 def sr_config(ctx: Ctx, d: Path, name: str = "r", **over) -> Path:
@@ -325,14 +325,14 @@ HYPER = [
     ("rl", "sampling.temperature=0", "temperature"), ("rl", "reward.scale=inf", "reward.scale"),
     ("rm", "train.batch_size=0", "batch_size"), ("rm", "train.steps=0", "train.steps"),
     ("rm", "optim.lr=inf", "optim.lr"), ("rm", "data.eval_fraction=1.5", "eval_fraction"),
-    ("judge", "chunk_size=0", "chunk_size"), ("judge", "chunk_size=-5", "chunk_size"),
-    ("judge", "limit=-1", "limit"), ("judge", "judge.batch_size=0", "batch_size"),
+    ("judge", "batch_size=0", "batch_size"), ("judge", "batch_size=-5", "batch_size"),
+    ("judge", "data.limit=-1", "data.limit"), ("judge", "judge.batch_size=0", "batch_size"),
     ("label", "train.batch_size=0", "train.batch_size"), ("label", "data.max_prompts=0", "data.max_prompts"),
     ("label", "labels.min_margin=0.9", "labels.min_margin"), ("label", "sampling.temperature=nan", "temperature"),
     ("self-reward", "iterations=0", "iterations"), ("self-reward", "dpo.beta=-1", "dpo.beta"),
     ("self-reward", "candidates.n=1", "candidates.n"), ("self-reward", "dpo.grad_accum=0", "grad_accum"),
-    ("eval", "n_boot=-1", "n_boot"), ("eval", "limit=-3", "limit"),
-    ("audit", "batch_size=0", "batch_size"), ("audit", "limit=-1", "limit"), ("audit", "seeds=0", "seeds"),
+    ("eval", "n_boot=-1", "n_boot"), ("eval", "data.max_prompts=-3", "data.max_prompts"),
+    ("audit", "batch_size=0", "batch_size"), ("audit", "data.limit=-1", "data.limit"), ("audit", "seeds=0", "seeds"),
     ("audit", "thresholds.min_agreement=1.5", "min_agreement"), ("audit", "contrast_limit=-1", "contrast_limit"),
     ("cai", "rounds=0", "rounds"), ("cai", "train.batch_size=0", "train.batch_size"), ("cai", "data.helpful_ratio=1.0", "data.helpful_ratio"),
 ]
@@ -1081,13 +1081,13 @@ def probes_load() -> list[Probe]:
         return None if len(rows) == 2000 - ident else f"{len(rows)} labels"
 
     def judge_chunks(c, d):
-        return judge_args(c, d, "run.name=r", "chunk_size=7", inp=big(d))
+        return judge_args(c, d, "run.name=r", "batch_size=7", inp=big(d))
 
     return [
         cli("judge: 2000 pairs in", "load", "exit 0, 2000 verdicts in input order; input untouched",
             lambda c, d: judge_args(c, d, "run.name=r", inp=d / "big.jsonl"), code=0, check=judge_check,
             setup=lambda c, d: big(d), inputs=lambda c, d: [d / "big.jsonl"]),
-        cli("judge: 2000 pairs, chunk_size 7", "load", "exit 0, 2000 verdicts in input order", judge_chunks, code=0,
+        cli("judge: 2000 pairs, batch_size 7", "load", "exit 0, 2000 verdicts in input order", judge_chunks, code=0,
             check=judge_check),
         cli("judge: 2000 pairs, --limit 1500", "load", "exit 0, exactly 1500 verdicts",
             lambda c, d: [*judge_2000(c, d), "--limit", "1500"], code=0,

@@ -232,13 +232,30 @@ def test_cli_audit_exit_status_and_report(tmp_path):
     assert r3.exit_code == 2 and "calibration" in r3.stderr
 
 
+def test_cli_calibration_and_limit_are_the_data_keys_and_the_old_keys_are_unknown(tmp_path):
+    import yaml
+
+    r = runner.invoke(app, ["audit", "c.jsonl", "--calibration", "d.jsonl", "--limit", "4", "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.stdout)["data"] == {"calibration": ["c.jsonl", "d.jsonl"], "limit": 4}
+    for old in ("calibration=[c.jsonl]", "limit=4"):
+        r = runner.invoke(app, ["audit", "c.jsonl", "--set", old, "--print-config"])
+        assert r.exit_code == 2 and f"unknown key '{old.split('=')[0]}'" in r.stderr, (old, r.output)
+    cal = tmp_path / "cal.jsonl"
+    cal.write_text("".join(json.dumps({"prompt": it.prompt, "response_a": it.response_a, "response_b": it.response_b,
+                                       "label": it.label}) + "\n" for it in _items()))
+    assert len(_items()) > 3
+    r = runner.invoke(app, ["audit", str(cal), "--judge", "length", "--limit", "3", "--set", "contrasts=false", "--json"])
+    assert json.loads(r.stdout)["calibration"]["n_items"] == 3, r.output
+
+
 # ------------------------------------------------------------------ acceptance on ../shared/data
 
 
 def test_length_judge_audit_on_shared_data(shared_data):
     """Acceptance: the programmatic length judge audited on HH-RLHF + LLMBar reports a length
     correlation of 1 and fails the length threshold."""
-    cfg = AuditConfig(calibration=[str(shared_data / "hh-rlhf"), str(shared_data / "llmbar")], limit=25,
+    cfg = AuditConfig(data={"calibration": [str(shared_data / "hh-rlhf"), str(shared_data / "llmbar")], "limit": 25},
                       judge=LengthJudgeConfig(prefer="longer"), contrast_limit=20)
     from pofe.evaluation.audit import audit_from_config
 
@@ -266,7 +283,7 @@ def test_llm_judge_audit_small_subset(shared_data):
         pytest.skip("the llm judge kind is not registered yet")
     from pofe.evaluation.audit import audit_from_config
 
-    cfg = AuditConfig(calibration=[str(shared_data / "hh-rlhf" / "helpful-base")], limit=4,
+    cfg = AuditConfig(data={"calibration": [str(shared_data / "hh-rlhf" / "helpful-base")], "limit": 4},
                       judge=LLMJudgeConfig(max_response_chars=400), contrast_limit=1)
     rep = audit_from_config(cfg)
     m = rep["metrics"]

@@ -115,7 +115,7 @@ def test_run_eval_from_files_and_generator(tmp_path):
         return ["z" * 12 for _ in ps]
 
     res2 = run_eval(EvalConfig(policy_a=a, policy_b="some-model", judge={"kind": "length", "prefer": "longer"},
-                               limit=5, n_boot=100), generator=fake_generate)
+                               data={"max_prompts": 5}, n_boot=100), generator=fake_generate)
     assert seen == {"some-model": prompts[:5]}
     # A's lengths 10..14 against 12: 13, 14 win; 12 ties; 10, 11 lose.
     assert (res2["wins"], res2["ties"], res2["losses"]) == (2, 1, 2)
@@ -141,12 +141,32 @@ def test_cli_eval_json(tmp_path):
     assert bad.exit_code == 2 and "'judge.kind': unknown kind 'no-such-judge'" in bad.stderr
 
 
+def test_cli_prompts_and_limit_are_the_data_keys_and_the_old_keys_are_unknown(tmp_path):
+    import yaml
+
+    r = runner.invoke(app, ["eval", "a.jsonl", "b.jsonl", "--prompts", "p.txt", "--limit", "3", "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.stdout)["data"] == {"prompts": "p.txt", "max_prompts": 3}
+    for old in ("prompts=p.txt", "limit=3"):
+        r = runner.invoke(app, ["eval", "a.jsonl", "b.jsonl", "--set", old, "--print-config"])
+        assert r.exit_code == 2 and f"unknown key '{old.split('=')[0]}'" in r.stderr, (old, r.output)
+    # data.max_prompts keeps the first N prompts: 6 answered, 2 compared, 4 left out (and counted)
+    prompts = [f"q{i}" for i in range(6)]
+    a = _write_responses(tmp_path / "a.jsonl", [(p, "a" * 30) for p in prompts])
+    b = _write_responses(tmp_path / "b.jsonl", [(p, "b" * 20) for p in prompts])
+    r = runner.invoke(app, ["eval", a, b, "--judge", "length", "--set", "data.max_prompts=2", "--set", "n_boot=10",
+                            "--set", "refusal=false", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["n"] == 2 and res["prompts"] == {"available": 6, "used": 2, "limited": 4}
+
+
 @pytest.mark.slow
 def test_eval_generates_with_a_model_dir(tiny_model_dir, tmp_path):
     (tmp_path / "p.txt").write_text("Say hi.\nName a colour.\n")
-    res = run_eval(EvalConfig(policy_a=str(tiny_model_dir), policy_b=str(tiny_model_dir), prompts=str(tmp_path / "p.txt"),
-                              judge={"kind": "length"}, sampling={"max_new_tokens": 6, "temperature": 0.0},
-                              n_boot=50))
+    res = run_eval(EvalConfig(policy_a=str(tiny_model_dir), policy_b=str(tiny_model_dir),
+                              data={"prompts": str(tmp_path / "p.txt")}, judge={"kind": "length"},
+                              sampling={"max_new_tokens": 6, "temperature": 0.0}, n_boot=50))
     # Same model, greedy: identical responses, every pair an exact tie.
     assert res["n"] == 2 and res["ties"] == 2 and res["win_rate_adjusted"] == 0.5
 
@@ -201,8 +221,8 @@ def test_two_turn_mt_bench_asks_turn_two_after_the_own_first_answer(tmp_path):
         turn = (len(convs[0]) + 1) // 2
         return [f"{spec}-answer{turn}-" + ("x" * (20 if spec == "long" else 5)) for _ in convs]
 
-    res = run_eval(EvalConfig(policy_a="long", policy_b="short", prompts=str(q), judge={"kind": "length", "prefer": "longer"}),
-                   generator=fake)
+    res = run_eval(EvalConfig(policy_a="long", policy_b="short", data={"prompts": str(q)},
+                              judge={"kind": "length", "prefer": "longer"}), generator=fake)
     # Turn 2 of policy "long" is asked after its own turn-1 answer.
     second = [s for s in seen if s[0] == "long"][1][1][0]
     assert [m["role"] for m in second] == ["user", "assistant", "user"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from pofe.annotate.log import FULL_DISK, AnnotatorLock, EventLog, LogWriteError, json_text
 from pofe.annotate.pairs import AnnotationPair, load_pairs, shown_swapped, subset
@@ -63,12 +63,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class AnnotateConfig(PofeConfig):
-    """``pofe annotate``: which pairs, who labels them, where the labels go."""
+class AnnotateDataConfig(PofeConfig):
+    """The pairs to label."""
 
     pairs: str
     """Pair file to label (pofe label output, an online ledger, prompt/chosen/rejected or
     prompt/response_a/response_b rows)."""
+    limit: int | None = None
+    """Label a seeded random subset of this many pairs (the same subset for every annotator
+    with the same seed, so their labels overlap), shown in file order; all pairs when null."""
+
+    @field_validator("limit")
+    @classmethod
+    def _check_limit(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"data.limit {v}: give at least 1 (or null for every pair)")
+        return v
+
+
+class AnnotateConfig(PofeConfig):
+    """``pofe annotate``: which pairs, who labels them, where the labels go."""
+
+    data: AnnotateDataConfig
+    """The pairs to label (``data.pairs``, ``data.limit``)."""
     annotator: str
     """Who labels: written into every row, so two people's labels of the same pairs give the
     human-human agreement. Letters, digits, '_', '.', '-' (at most 64)."""
@@ -78,11 +95,16 @@ class AnnotateConfig(PofeConfig):
     """Loopback address to serve on (127.0.0.1, ::1 or localhost): the page writes files."""
     port: int = 0
     """0 = any free port (the URL is printed)."""
-    limit: int | None = None
-    """Label a seeded random subset of this many pairs (the same subset for every annotator
-    with the same seed, so their labels overlap), shown in file order; all pairs when null."""
     seed: int = 0
-    """Seeds the per-pair, per-annotator left/right order and the ``limit`` subset."""
+    """Seeds the per-pair, per-annotator left/right order and the ``data.limit`` subset."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_section(cls, v: Any) -> Any:
+        # An absent data section is reported as its required key (``data.pairs``), not as "data".
+        if isinstance(v, dict) and "data" not in v:
+            v = {**v, "data": {}}
+        return v
 
     @field_validator("annotator")
     @classmethod
@@ -98,13 +120,6 @@ class AnnotateConfig(PofeConfig):
         if not is_loopback(v):
             raise ValueError(f"host {v!r} is not a loopback address: pofe annotate serves on 127.0.0.1, ::1 or "
                              "localhost only")
-        return v
-
-    @field_validator("limit")
-    @classmethod
-    def _check_limit(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"limit {v}: give at least 1 (or null for every pair)")
         return v
 
     @field_validator("port")
@@ -131,9 +146,9 @@ class Session:
     def __init__(self, cfg: AnnotateConfig, lock: AnnotatorLock | None = None):
         self.cfg = cfg
         self.owner_lock = lock
-        pairs, self.skipped_rows = load_pairs(cfg.pairs)
+        pairs, self.skipped_rows = load_pairs(cfg.data.pairs)
         self.n_in_file = len(pairs)
-        self.pairs = subset(pairs, cfg.limit, cfg.seed)
+        self.pairs = subset(pairs, cfg.data.limit, cfg.seed)
         self.by_id: dict[str, AnnotationPair] = {p.id: p for p in self.pairs}
         self.log = EventLog(cfg.output)
         self._lock = threading.Lock()
@@ -150,9 +165,9 @@ class Session:
     def open_event(self) -> None:
         """Provenance of this labelling session (written once the server is bound)."""
         cfg = self.cfg
-        self.log.append({"event": "open", "annotator": cfg.annotator, "pairs": str(cfg.pairs),
-                         "pairs_sha256": file_sha256(cfg.pairs), "n_pairs": len(self.pairs), "n_in_file": self.n_in_file,
-                         "limit": cfg.limit, "seed": cfg.seed, "pofe": _version()})
+        self.log.append({"event": "open", "annotator": cfg.annotator, "pairs": str(cfg.data.pairs),
+                         "pairs_sha256": file_sha256(cfg.data.pairs), "n_pairs": len(self.pairs),
+                         "n_in_file": self.n_in_file, "limit": cfg.data.limit, "seed": cfg.seed, "pofe": _version()})
 
     # ------------------------------------------------------------------ state
     def swapped(self, pair: AnnotationPair) -> bool:
@@ -182,7 +197,7 @@ class Session:
         if not isinstance(choice, str) or choice not in CHOICES:
             raise BadRequest(f"choice must be one of {', '.join(CHOICES)}, got {_shown(choice)}")
         if not isinstance(pair_id, str) or pair_id not in self.by_id:
-            raise BadRequest(f"unknown pair id {_shown(pair_id)}: not a pair of {self.cfg.pairs}")
+            raise BadRequest(f"unknown pair id {_shown(pair_id)}: not a pair of {self.cfg.data.pairs}")
         with self._lock:
             if pair_id in self.decided:
                 raise Conflict(f"pair {pair_id!r} is already decided by {self.cfg.annotator!r} (undo it first)")
@@ -197,7 +212,7 @@ class Session:
                 row = self.log.append({"event": "label", **base, "label": label, "choice": choice,
                                        "shown": "ba" if swapped else "ab", "prompt": p.prompt,
                                        "response_a": p.response_a, "response_b": p.response_b,
-                                       "pairs": str(self.cfg.pairs)})
+                                       "pairs": str(self.cfg.data.pairs)})
                 note = None
             self.decided[pair_id] = row
             return self.state(note)
@@ -471,7 +486,7 @@ def check_output(cfg: AnnotateConfig) -> None:
 
     out = Path(cfg.output)
     # samefile: the same file under another name too (a symlink or a hard link)
-    if out.exists() and Path(cfg.pairs).exists() and os.path.samefile(out, cfg.pairs):
+    if out.exists() and Path(cfg.data.pairs).exists() and os.path.samefile(out, cfg.data.pairs):
         raise ValueError(f"output {cfg.output} is the pairs file itself: write the labels to a new file")
     if out.is_dir():
         raise ValueError(f"output {cfg.output} is a folder: give a .jsonl file name")
@@ -486,7 +501,7 @@ def check_output(cfg: AnnotateConfig) -> None:
             raise ValueError(f"output {cfg.output}:1 is not a pofe annotate log (no 'event'/'annotator'): "
                              "refusing to append to it")
     # The one output guard as well: never inside a live run's folder, never under a file.
-    guard_outputs({"-o": cfg.output}, [cfg.pairs])
+    guard_outputs({"-o": cfg.output}, [cfg.data.pairs])
 
 
 def make_server(cfg: AnnotateConfig) -> AnnotateServer:

@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
         from pofe.annotate.server import AnnotateConfig
 
         cfg = resolve_config(AnnotateConfig, config, set_, {
-            "pairs": pairs, "annotator": annotator, "output": output, "limit": limit, "port": port, "host": host}, print_config)
+            "data.pairs": pairs, "annotator": annotator, "output": output, "data.limit": limit, "port": port,
+            "host": host}, print_config)
         from pofe.annotate.server import make_server
 
         import signal
@@ -53,7 +54,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"  cut a torn last line ({s.log.torn_bytes_dropped} bytes, a write that was cut short and "
                            f"never acknowledged) off {cfg.output}")
             sub = f" (a seeded subset of {s.n_in_file})" if c["total"] < s.n_in_file else ""
-            typer.echo(f"  {c['total']} pairs{sub} from {cfg.pairs}" + (f" (rows skipped: {skipped})" if skipped else "")
+            typer.echo(f"  {c['total']} pairs{sub} from {cfg.data.pairs}"
+                       + (f" (rows skipped: {skipped})" if skipped else "")
                        + f"; annotator {cfg.annotator}: {c['labelled']} labelled, {c['skipped']} skipped so far"
                        + (f" ({s.foreign} more on pairs of other files)" if s.foreign else ""))
             typer.echo(f"  writing {cfg.output}; press Ctrl-C to stop (every label is already saved)")

@@ -33,8 +33,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         cfg = resolve_config(AuditConfig, config, set_, {
-            "calibration": [*(paths or []), *(calibration or [])] or None, "judge.kind": judge, "limit": limit,
-            "contrast_limit": contrast_limit, "output": output}, print_config)
+            "data.calibration": [*(paths or []), *(calibration or [])] or None, "judge.kind": judge,
+            "data.limit": limit, "contrast_limit": contrast_limit, "output": output}, print_config)
         from pofe.evaluation.audit import audit_from_config, format_audit
 
         report = audit_from_config(cfg)

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
         if len(given) == 1:
             fail("eval: give two policies (A and the baseline B), or three or more to compare")
         cfg = resolve_config(EvalConfig, config, set_, {
-            **two, "policies": given if len(given) > 2 else None, "prompts": prompts, "judge.kind": judge, "limit": limit,
-            "output": output}, print_config)
+            **two, "policies": given if len(given) > 2 else None, "data.prompts": prompts, "judge.kind": judge,
+            "data.max_prompts": limit, "output": output}, print_config)
         from pofe.evaluation.eval import format_eval, run_eval
 
         res = run_eval(cfg)

@@ -42,9 +42,10 @@ def register(app: typer.Typer) -> None:
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
-        extra = {"input": str(input) if input else None, "output": str(output) if output else None, "judge.kind": kind,
-                 "judge.model": model, "judge.template": template, "limit": limit,
-                 "judge.cache.enabled": False if no_cache else None, "skip_bad_rows": True if skip_bad_rows else None}
+        extra = {"data.input": str(input) if input else None, "output": str(output) if output else None,
+                 "judge.kind": kind, "judge.model": model, "judge.template": template, "data.limit": limit,
+                 "judge.cache.enabled": False if no_cache else None,
+                 "data.skip_bad_rows": True if skip_bad_rows else None}
         cfg = resolve_config(JudgeCommandConfig, config, set_, extra, print_config)
         summary = run_judge(cfg)
         if json_out:

@@ -100,13 +100,20 @@ class AuditThresholds(PofeConfig):
     to a real answer."""
 
 
-class AuditConfig(PofeConfig):
-    """``pofe audit``: which judge, which calibration data, which thresholds."""
+class AuditDataConfig(PofeConfig):
+    """The human-labelled calibration set the judge is checked against."""
 
     calibration: list[str] = []
     """Calibration files or folders (pofe JSONL, HH-RLHF .jsonl(.gz), LLMBar .json)."""
     limit: int | None = Field(None, ge=1)
     """Seeded random subset of at most this many items per file."""
+
+
+class AuditConfig(PofeConfig):
+    """``pofe audit``: which judge, which calibration data, which thresholds."""
+
+    data: AuditDataConfig = AuditDataConfig()
+    """The calibration set (``data.calibration``, ``data.limit``)."""
     seed: int = 0
     judge: JudgeConfig = LLMJudgeConfig()
     length_unit: Literal["chars", "words"] = "chars"
@@ -618,9 +625,9 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         "judge": jid,
         "judge_identity": ident,
         "judge_config": cfg.judge.model_dump(),
-        "calibration": {"paths": list(cfg.calibration), "n_items": len(items), "by_source": sources,
+        "calibration": {"paths": list(cfg.data.calibration), "n_items": len(items), "by_source": sources,
                         "sha256": calibration_set_hash(items),
-                        "limit_per_file": cfg.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
+                        "limit_per_file": cfg.data.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
         "thresholds": cfg.thresholds.model_dump(),
         "metrics": metrics,
         "checks": checks,
@@ -630,10 +637,11 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
 
 def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
     """Load the calibration set, build the judge (unless given), run, and write ``cfg.output``."""
-    if not cfg.calibration:
-        raise ValueError("audit: give at least one calibration file or folder")
+    if not cfg.data.calibration:
+        raise ValueError("audit: give at least one calibration file or folder (pofe audit FILE, --calibration or "
+                         "data.calibration)")
     guard_audit_outputs(cfg)
-    items = load_calibration(cfg.calibration, limit=cfg.limit, seed=cfg.seed)
+    items = load_calibration(cfg.data.calibration, limit=cfg.data.limit, seed=cfg.seed)
     if judge is None:
         from pofe.judges.registry import build_judge
 
@@ -658,7 +666,7 @@ def guard_audit_outputs(cfg: AuditConfig) -> None:
     files, before the (slow) audit runs."""
     from pofe.outputs import guard_outputs, judge_inputs
 
-    guard_outputs(audit_outputs(cfg), [*cfg.calibration, *judge_inputs(cfg.judge)])
+    guard_outputs(audit_outputs(cfg), [*cfg.data.calibration, *judge_inputs(cfg.judge)])
 
 
 def write_audit(report: dict[str, Any], output: str | Path | None, html: str | Path | None = None) -> dict[str, str]:

@@ -39,7 +39,7 @@ from pofe.training import DeviceConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EvalConfig", "run_eval", "summarise_outcomes"]
+__all__ = ["EvalConfig", "EvalDataConfig", "run_eval", "summarise_outcomes"]
 
 
 # --------------------------------------------------------------------------- pure statistics
@@ -97,6 +97,17 @@ def summarise_outcomes(
 # --------------------------------------------------------------------------- inputs
 
 
+class EvalDataConfig(PofeConfig):
+    """The prompts compared on."""
+
+    prompts: str | None = None
+    """Prompt file (.txt one per line, .jsonl/.json with prompt/instruction/input/text, or FastChat
+    MT-Bench question.jsonl with ``turns`` for two-turn evaluation); default: the prompts of a responses file."""
+    max_prompts: int | None = Field(None, ge=1)
+    """Use only the first N prompts (MT-Bench: the first N questions, both turns each); None = all.
+    The cut is reported in the result's ``prompts`` (``available``, ``used``, ``limited``)."""
+
+
 class EvalConfig(PofeConfig):
     """``pofe eval``: policy A against policy B (or 3+ policies against each other) on a prompt set."""
 
@@ -107,11 +118,8 @@ class EvalConfig(PofeConfig):
     policies: list[str] = []
     """Three or more policies to compare pairwise (win matrix + Bradley-Terry ratings; the
     first is the rating reference). Use instead of policy_a/policy_b."""
-    prompts: str | None = None
-    """Prompt file (.txt one per line, .jsonl/.json with prompt/instruction/input/text, or FastChat
-    MT-Bench question.jsonl with ``turns`` for two-turn evaluation); default: the prompts of a responses file."""
-    limit: int | None = Field(None, ge=1)
-    """Use only the first N prompts."""
+    data: EvalDataConfig = EvalDataConfig()
+    """The prompts compared on (``data.prompts``, ``data.max_prompts``)."""
     judge: JudgeConfig = LLMJudgeConfig()
     model: DeviceConfig = DeviceConfig()
     """Device and dtype of the policies generated here (``model.device``: auto|cpu|cuda|mps)."""
@@ -237,7 +245,7 @@ def collect_responses(cfg: EvalConfig, generator=None) -> tuple[list[str], list[
 
 
 def collect_counted(cfg: EvalConfig, generator=None) -> tuple[list[str], list[list[str]], dict[str, int]]:
-    """:func:`collect_responses` plus how many prompts there were and how many ``limit`` left
+    """:func:`collect_responses` plus how many prompts there were and how many ``data.max_prompts`` left
     out (``{available, used, limited}``, reported as the result's ``prompts``).
 
     Every responses file must answer exactly the prompts compared (the prompt file's, else
@@ -246,21 +254,21 @@ def collect_counted(cfg: EvalConfig, generator=None) -> tuple[list[str], list[li
     specs = policy_specs(cfg)
     gen = generator or _generate
     files = {s: load_responses(s) for s in specs if is_responses_file(s)}
-    if cfg.prompts:
-        prompts = load_prompts(cfg.prompts)
+    if cfg.data.prompts:
+        prompts = load_prompts(cfg.data.prompts)
         first_at: dict[str, int] = {}
         for i, p in enumerate(prompts, 1):
             if p in first_at:  # a win rate counts each prompt once: a repeated one would weigh double
-                raise ValueError(f"{cfg.prompts}: prompt {_short(p)} is given twice (prompts {first_at[p]} and {i}); "
-                                 "a win rate counts each prompt once")
+                raise ValueError(f"{cfg.data.prompts}: prompt {_short(p)} is given twice (prompts {first_at[p]} and "
+                                 f"{i}); a win rate counts each prompt once")
             first_at[p] = i
-        source = f"the prompt file {cfg.prompts}"
+        source = f"the prompt file {cfg.data.prompts}"
     elif files:
         source_spec = next(iter(files))
         prompts = list(files[source_spec])
         source = f"{source_spec}"
     else:
-        raise ValueError("eval: give a prompt file (prompts=...) when no policy is a responses file")
+        raise ValueError("eval: give a prompt file (--prompts / data.prompts=...) when no policy is a responses file")
     # Both sides must answer the same prompts: comparing on the overlap silently changes
     # what the win rate is over (4 of 10 prompts once went by without a word).
     wanted = set(prompts)
@@ -270,16 +278,17 @@ def collect_counted(cfg: EvalConfig, generator=None) -> tuple[list[str], list[li
             raise ValueError(f"{spec}: no response for {len(missing)} of the {len(prompts)} prompts of {source} "
                              f"(first: {_short(missing[0])}); give both sides the same prompts, or --prompts to "
                              "compare on a chosen set")
-        extra = [p for p in table if p not in wanted] if not cfg.prompts else []
+        extra = [p for p in table if p not in wanted] if not cfg.data.prompts else []
         if extra:
             raise ValueError(f"{spec}: {len(extra)} prompts that {source} has no response for (first: "
                              f"{_short(extra[0])}); give both sides the same prompts, or --prompts to compare on "
                              "a chosen set")
     available = len(prompts)
-    if cfg.limit is not None:
-        prompts = prompts[: cfg.limit]
+    if cfg.data.max_prompts is not None:
+        prompts = prompts[: cfg.data.max_prompts]
         if len(prompts) < available:
-            log.info("eval: limit=%d compares the first %d of %d prompts", cfg.limit, len(prompts), available)
+            log.info("eval: data.max_prompts=%d compares the first %d of %d prompts", cfg.data.max_prompts,
+                     len(prompts), available)
     if not prompts:
         raise ValueError("eval: no prompts to compare on")
     counts = {"available": available, "used": len(prompts), "limited": available - len(prompts)}
@@ -371,14 +380,14 @@ def guard_eval_output(cfg: EvalConfig, specs: list[str]) -> None:
             except ValueError:  # no model in it: refused later with its own message
                 pass
         reads.append(s)
-    guard_outputs({"-o": cfg.output}, [cfg.prompts, *reads, *judge_inputs(cfg.judge)])
+    guard_outputs({"-o": cfg.output}, [cfg.data.prompts, *reads, *judge_inputs(cfg.judge)])
 
 
 def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
     """Generate where needed, judge both orders, and summarise (the ``--json`` object)."""
     specs = policy_specs(cfg)
     guard_eval_output(cfg, specs)
-    questions = load_turns(cfg.prompts) if cfg.prompts else None
+    questions = load_turns(cfg.data.prompts) if cfg.data.prompts else None
     if questions is not None:
         return _run_two_turn(cfg, specs, questions, judge, generator)
     prompts, sides, counts = collect_counted(cfg, generator)
@@ -436,10 +445,11 @@ def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
     if len(specs) != 2:
         raise ValueError("eval: two-turn (MT-Bench) evaluation compares exactly two policies")
     available = len(questions)
-    if cfg.limit is not None:
-        questions = questions[: cfg.limit]
+    if cfg.data.max_prompts is not None:
+        questions = questions[: cfg.data.max_prompts]
         if len(questions) < available:
-            log.info("eval: limit=%d compares the first %d of %d questions", cfg.limit, len(questions), available)
+            log.info("eval: data.max_prompts=%d compares the first %d of %d questions", cfg.data.max_prompts,
+                     len(questions), available)
     answers = [_generate_turns(s, questions, cfg, generator) for s in specs]
     judge = _build_judge(cfg, judge)
     jid = getattr(judge, "id", str(cfg.judge.kind))

@@ -26,28 +26,37 @@ from pofe.training.tracking import LogConfig
 log = logging.getLogger(__name__)
 
 
-class JudgeCommandConfig(PofeConfig):
+class JudgeDataConfig(PofeConfig):
+    """The rows to label and the columns they are read from."""
+
     input: str | None = None
     """Rows to label: any source the data layer reads (JSONL / JSON / CSV / Parquet / Arrow,
     ``.gz``, a ``save_to_disk`` folder, a named source, a Hub id)."""
-    output: str | None = None
-    """Verdicts file; default ``<run folder>/verdicts.jsonl``. Never the input file."""
     prompt_field: str = "prompt"
     """A string, or chat messages (judged as their transcript, every turn kept)."""
     a_field: str = "response_a"
+    """Column of response A (pointwise kinds read ``response`` when a row has no such column)."""
     b_field: str = "response_b"
+    """Column of response B (pairwise kinds)."""
     reference_field: str = "reference"
     """Optional column with a reference answer (reference-overlap judge)."""
     limit: Annotated[int, Field(ge=0)] | None = None
     """Label only the first N rows."""
-    chunk_size: Annotated[int, Field(ge=1)] = 64
-    """Rows per judge call (verdicts are written after each chunk)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed input rows instead of stopping at the first one."""
+
+
+class JudgeCommandConfig(PofeConfig):
+    data: JudgeDataConfig = JudgeDataConfig()
+    """The rows to label and their columns (``data.input``, ``data.prompt_field``, ...)."""
+    output: str | None = None
+    """Verdicts file; default ``<run folder>/verdicts.jsonl``. Never the input file."""
+    batch_size: Annotated[int, Field(ge=1)] = 64
+    """Rows per judge call (verdicts are written after each batch)."""
     judge: JudgeConfig = LLMJudgeConfig()
     """The judge (any kind; pointwise kinds score ``response_a``)."""
     log: LogConfig = LogConfig(tensorboard=False)
-    """metrics.jsonl (one row per chunk), progress bar; trackers off unless asked (a labelling job has no curves)."""
+    """metrics.jsonl (one row per batch), progress bar; trackers off unless asked (a labelling job has no curves)."""
     seed: int = 0
     """Seeds a judge that samples (CoT at temperature > 0)."""
     run: RunConfig = RunConfig()
@@ -56,37 +65,40 @@ class JudgeCommandConfig(PofeConfig):
 
 def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
     """The rows to judge as ``{prompt, response_a[, response_b], reference, id}``, read by the
-    data layer; a missing field or a bad row is a located error (or, with ``skip_bad_rows``,
+    data layer; a missing field or a bad row is a located error (or, with ``data.skip_bad_rows``,
     counted)."""
     from pofe.data.io import DataError, read_located
     from pofe.data.prompts import to_prompt
 
+    data = cfg.data
+
     def to_row(r: dict[str, Any], where: str) -> dict[str, Any]:
-        a_field = cfg.a_field if (cfg.a_field in r or not pointwise) else "response"
-        need = [a_field] + ([] if pointwise else [cfg.b_field])
-        missing = [k for k in [cfg.prompt_field, *need] if k not in r]
+        a_field = data.a_field if (data.a_field in r or not pointwise) else "response"
+        need = [a_field] + ([] if pointwise else [data.b_field])
+        missing = [k for k in [data.prompt_field, *need] if k not in r]
         if missing:
             raise DataError(f"{where}: missing field(s) {missing} (fields: {sorted(r)}); "
-                            "set --set prompt_field=... / a_field=... / b_field=...")
+                            "set --set data.prompt_field=... / data.a_field=... / data.b_field=...")
         for k in need:
             if not isinstance(r[k], str):
                 raise DataError(f"{where}: {k!r} must be a string, got {type(r[k]).__name__}")
-        row = {"prompt": to_prompt(r, where, cfg.prompt_field).text, "response_a": r[a_field],
-               "reference": r.get(cfg.reference_field) if isinstance(r.get(cfg.reference_field), str) else None}
+        ref = r.get(data.reference_field)
+        row = {"prompt": to_prompt(r, where, data.prompt_field).text, "response_a": r[a_field],
+               "reference": ref if isinstance(ref, str) else None}
         if not pointwise:
-            row["response_b"] = r[cfg.b_field]
+            row["response_b"] = r[data.b_field]
         if "id" in r:
             row["id"] = r["id"]
         return row
 
-    rows = read_located(cfg.input, skip_bad_rows=cfg.skip_bad_rows).map(to_row, limit=cfg.limit)
-    if not rows and cfg.limit != 0:  # judging nothing is never a silent success
-        raise DataError(f"{cfg.input}: no rows to judge")
+    rows = read_located(data.input, skip_bad_rows=data.skip_bad_rows).map(to_row, limit=data.limit)
+    if not rows and data.limit != 0:  # judging nothing is never a silent success
+        raise DataError(f"{data.input}: no rows to judge")
     return rows
 
 
 class JudgeRecipe(Recipe):
-    """Rows judged in chunks of ``chunk_size`` (one driver step each), verdicts written after each chunk."""
+    """Rows judged in batches of ``batch_size`` (one driver step each), verdicts written after each batch."""
 
     command = "judge"
     resumable = False  # a verdicts file is one run's output: a new run relabels (the judge cache makes it cheap)
@@ -101,9 +113,9 @@ class JudgeRecipe(Recipe):
         from pofe.outputs import guard_outputs, judge_inputs
 
         cfg = self.cfg
-        if not cfg.input:
-            raise DataError("no input file: pofe judge FILE")
-        guard_outputs({"-o": cfg.output}, [cfg.input, *judge_inputs(cfg.judge)])
+        if not cfg.data.input:
+            raise DataError("no input file: pofe judge FILE (or data.input)")
+        guard_outputs({"-o": cfg.output}, [cfg.data.input, *judge_inputs(cfg.judge)])
         self.pointwise = not has_capability(cfg.judge, Capability.PAIRWISE)
         self.rows = load_rows(cfg, self.pointwise)
 
@@ -118,10 +130,10 @@ class JudgeRecipe(Recipe):
         self.writer = JsonlWriter(self.out_path)
         self.verdicts: list = []
         self.t0 = time.perf_counter()
-        self.total_steps = math.ceil(len(self.rows) / cfg.chunk_size)
+        self.total_steps = math.ceil(len(self.rows) / cfg.batch_size)
 
     def step(self, step: int) -> dict[str, Any]:
-        size = self.cfg.chunk_size
+        size = self.cfg.batch_size
         s = (step - 1) * size
         chunk = self.rows[s:s + size]
         prompts, refs = [r["prompt"] for r in chunk], [r["reference"] for r in chunk]
@@ -163,5 +175,5 @@ class JudgeRecipe(Recipe):
 
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:
-    """Setup -> label in chunks -> save. Returns the summary (also ``summary.json``)."""
+    """Setup -> label in batches -> save. Returns the summary (also ``summary.json``)."""
     return drive(JudgeRecipe(cfg, **runtime))

@@ -68,8 +68,8 @@ def _pairs(tmp_path, n=4):
 
 
 def _session(tmp_path, who="ann", seed=0):
-    return Session(AnnotateConfig(pairs=str(tmp_path / "pairs.jsonl"), annotator=who, output=str(tmp_path / "cal.jsonl"),
-                                  seed=seed))
+    return Session(AnnotateConfig(data={"pairs": str(tmp_path / "pairs.jsonl")}, annotator=who,
+                                  output=str(tmp_path / "cal.jsonl"), seed=seed))
 
 
 def test_session_labels_map_the_shown_side_back_to_the_pair(tmp_path):
@@ -224,7 +224,7 @@ def test_load_pairs_reads_pofe_label_output_and_hh_dialogues(tmp_path):
 
 def test_limit_picks_the_same_subset_for_every_annotator(tmp_path):
     _pairs(tmp_path, n=30)
-    cfg = dict(pairs=str(tmp_path / "pairs.jsonl"), output=str(tmp_path / "cal.jsonl"), limit=8)
+    cfg = dict(data={"pairs": str(tmp_path / "pairs.jsonl"), "limit": 8}, output=str(tmp_path / "cal.jsonl"))
     a = Session(AnnotateConfig(annotator="ann", **cfg))
     b = Session(AnnotateConfig(annotator="bob", **cfg))
     other = Session(AnnotateConfig(annotator="ann", seed=1, **cfg))
@@ -234,7 +234,7 @@ def test_limit_picks_the_same_subset_for_every_annotator(tmp_path):
     assert ids == [i for i in everything if i in set(ids)]  # file order kept
     assert a.counts()["total"] == 8 and a.n_in_file == 31
     with pytest.raises(ValueError, match="limit 0: give at least 1"):
-        AnnotateConfig(annotator="ann", **{**cfg, "limit": 0})
+        AnnotateConfig(annotator="ann", **{**cfg, "data": {**cfg["data"], "limit": 0}})
 
 
 def test_undo_after_labelling_another_file_in_between(tmp_path):
@@ -247,7 +247,7 @@ def test_undo_after_labelling_another_file_in_between(tmp_path):
     first = s.state()["pair"]["id"]
     s.decide(first, "left")
     s.close()
-    o = Session(AnnotateConfig(pairs=str(other), annotator="ann", output=str(tmp_path / "cal.jsonl")))
+    o = Session(AnnotateConfig(data={"pairs": str(other)}, annotator="ann", output=str(tmp_path / "cal.jsonl")))
     o.decide(o.state()["pair"]["id"], "right")
     o.close()
     back = _session(tmp_path)

@@ -32,7 +32,8 @@ def _write_pairs(path: Path, n: int = 3) -> Path:
 @pytest.fixture
 def server(tmp_path):
     _write_pairs(tmp_path / "pairs.jsonl")
-    srv = make_server(AnnotateConfig(pairs=str(tmp_path / "pairs.jsonl"), annotator="ann", output=str(tmp_path / "cal.jsonl")))
+    srv = make_server(AnnotateConfig(data={"pairs": str(tmp_path / "pairs.jsonl")}, annotator="ann",
+                                     output=str(tmp_path / "cal.jsonl")))
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     yield srv
@@ -122,6 +123,19 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
     assert r.exit_code == 2 and "is not a pofe annotate log" in r.output
     assert other.read_text() == '{"prompt": "mine"}\n{"prompt": "torn'  # untouched
     assert not Path(out).exists()
+
+
+def test_cli_pairs_and_limit_are_the_data_keys_and_the_old_keys_are_unknown(tmp_path):
+    import yaml
+
+    r = _cli(["p.jsonl", "-a", "ann", "-o", "cal.jsonl", "--limit", "2", "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.stdout)["data"] == {"pairs": "p.jsonl", "limit": 2}
+    for old in ("pairs=q.jsonl", "limit=2"):
+        r = _cli(["p.jsonl", "-a", "ann", "-o", "cal.jsonl", "--set", old, "--print-config"])
+        assert r.exit_code == 2 and f"unknown key '{old.split('=')[0]}'" in r.output, (old, r.output)
+    r = _cli(["-a", "ann", "-o", "cal.jsonl", "--print-config"])
+    assert r.exit_code == 2 and "missing required key 'data.pairs'" in r.output, r.output
 
 
 def test_cli_smoke_serves_until_sigterm(tmp_path):

@@ -159,9 +159,35 @@ def test_judge_bad_last_line_and_skip_bad_rows(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     r = runner.invoke(app, ["judge", str(tmp_path / "empty.jsonl"), "--judge", "length", "--set", f"run.output_dir={tmp_path}"])
     assert r.exit_code == 2 and "no rows to judge" in r.stderr
-    for bad in ("chunk_size=0", "limit=-1"):
+    for bad in ("batch_size=0", "data.limit=-1"):
         r = runner.invoke(app, ["judge", str(f), "--judge", "length", "--set", bad])
         assert r.exit_code == 2 and bad.split("=")[0] in r.stderr
+
+
+def test_judge_inputs_are_the_data_section_and_batch_size_is_rows_per_call(tmp_path):
+    """The CLI options land on ``data.*``; the old top-level spellings are unknown keys;
+    ``batch_size`` cuts 5 rows into judge calls of 2, 2, 1 (one metrics row each)."""
+    import yaml
+
+    r = runner.invoke(app, ["judge", "rows.jsonl", "--limit", "5", "--skip-bad-rows", "--print-config"])
+    assert r.exit_code == 0, r.output
+    data = yaml.safe_load(r.stdout)["data"]
+    assert (data["input"], data["limit"], data["skip_bad_rows"]) == ("rows.jsonl", 5, True)
+    for old in ("input=x.jsonl", "prompt_field=q", "a_field=a", "b_field=b", "reference_field=r", "limit=3",
+                "skip_bad_rows=true", "chunk_size=7"):
+        r = runner.invoke(app, ["judge", "rows.jsonl", "--set", old, "--print-config"])
+        assert r.exit_code == 2 and f"unknown key '{old.split('=')[0]}'" in r.stderr, (old, r.output)
+    rows = _jsonl(tmp_path / "rows.jsonl", [{"q": f"q{i}", "x": "a" * (i + 1), "y": "bb"} for i in range(5)])
+    r = runner.invoke(app, ["judge", str(rows), "--judge", "length", "--json", "--set", f"run.output_dir={tmp_path}",
+                            "--set", "run.name=j", "--set", "batch_size=2", "--set", "data.prompt_field=q",
+                            "--set", "data.a_field=x", "--set", "data.b_field=y"])
+    assert r.exit_code == 0, r.output
+    metrics = [json.loads(x) for x in (tmp_path / "j" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rows"] for m in metrics if "rows" in m] == [2, 2, 1]
+    verdicts = [json.loads(x) for x in (tmp_path / "j" / "verdicts.jsonl").read_text().splitlines()]
+    # length judge, prefer shorter (the default): "a" beats "bb", ties at "aa", loses after
+    assert [(v["prompt"], v["p"]) for v in verdicts] == [("q0", 1.0), ("q1", 0.5), ("q2", 0.0), ("q3", 0.0),
+                                                        ("q4", 0.0)]
 
 
 def _trl(kind: str, data: Path, out: Path) -> dict:

@@ -359,13 +359,13 @@ def test_judge_reads_formats_and_keeps_conversations_as_transcripts(tmp_path):
 
     rows = [{"prompt": CONV, "response_a": "Pear.", "response_b": "No.", "id": "r1"}]
     for src in (_jsonl(tmp_path / "j.jsonl", rows), _saved(tmp_path / "ds", rows)):
-        got = load_rows(JudgeCommandConfig(input=str(src)), pointwise=False)
+        got = load_rows(JudgeCommandConfig(data={"input": str(src)}), pointwise=False)
         assert got == [{"prompt": CONV_TEXT, "response_a": "Pear.", "response_b": "No.", "reference": None, "id": "r1"}]
     pq = _parquet(tmp_path / "j.parquet", [{"prompt": "x", "response_a": "a", "response_b": "b"}])
-    assert load_rows(JudgeCommandConfig(input=str(pq)), pointwise=False)[0]["response_b"] == "b"
+    assert load_rows(JudgeCommandConfig(data={"input": str(pq)}), pointwise=False)[0]["response_b"] == "b"
     with pytest.raises(DataError, match=r"j2.jsonl:2: missing field\(s\) \['response_b'\]"):
-        load_rows(JudgeCommandConfig(input=str(_jsonl(tmp_path / "j2.jsonl", [rows[0], {"prompt": "x", "response_a": "a"}]))),
-                  pointwise=False)
+        j2 = _jsonl(tmp_path / "j2.jsonl", [rows[0], {"prompt": "x", "response_a": "a"}])
+        load_rows(JudgeCommandConfig(data={"input": str(j2)}), pointwise=False)
 
 
 # ============================================================================ bad input, every loader
@@ -383,7 +383,7 @@ def _loaders():
         "prompts": lambda s: load_prompts(s), "preferences": lambda s: load_preferences(s),
         "calibration": lambda s: load_calibration([s]), "sft": lambda s: load_examples(s),
         "eval-responses": lambda s: load_responses(s), "label-pairs": lambda s: read_pairs(s),
-        "judge": lambda s: load_rows(JudgeCommandConfig(input=s), pointwise=False),
+        "judge": lambda s: load_rows(JudgeCommandConfig(data={"input": s}), pointwise=False),
     }
 
 

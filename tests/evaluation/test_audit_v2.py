@@ -151,7 +151,7 @@ def test_audit_of_a_pofe_annotate_file_measures_human_human_agreement(tmp_path):
                          "response_b": b, "label": lab})
     f = tmp_path / "calibration.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = audit_from_config(AuditConfig(calibration=[str(f)], judge={"kind": "length", "prefer": "longer"},
+    rep = audit_from_config(AuditConfig(data={"calibration": [str(f)]}, judge={"kind": "length", "prefer": "longer"},
                                         contrasts=False, output=str(tmp_path / "audit.json")))
     hh = rep["metrics"]["human_human"]
     # alice and bob agree on q1 and q3, not on q2: 2 of 3.

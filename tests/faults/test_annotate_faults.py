@@ -40,7 +40,8 @@ def _pairs(path: Path, n: int = 3, **texts) -> Path:
 def _cfg(tmp_path: Path, who: str = "ann", out: str | Path | None = None) -> AnnotateConfig:
     if not (tmp_path / "pairs.jsonl").exists():
         _pairs(tmp_path / "pairs.jsonl")
-    return AnnotateConfig(pairs=str(tmp_path / "pairs.jsonl"), annotator=who, output=str(out or tmp_path / "cal.jsonl"))
+    return AnnotateConfig(data={"pairs": str(tmp_path / "pairs.jsonl")}, annotator=who,
+                          output=str(out or tmp_path / "cal.jsonl"))
 
 
 def _raw(port: int, data: bytes, *, half_close: bool = False, timeout: float = 10) -> tuple[int, dict]:

@@ -54,7 +54,7 @@ def test_rl_reward_without_its_source_is_refused_when_parsed(tmp_path, sets, key
     assert not list(tmp_path.iterdir())  # no run folder left behind
 
 
-@pytest.mark.parametrize("kv", ["limit=-3", "limit=0", "n_boot=-1", "n_buckets=0"])
+@pytest.mark.parametrize("kv", ["data.max_prompts=-3", "data.max_prompts=0", "n_boot=-1", "n_buckets=0"])
 def test_eval_counts_are_checked_when_parsed(kv):
     res = invoke("eval", "--set", kv, "--print-config")
     lines = error_lines(res)
@@ -184,7 +184,7 @@ def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_d
     assert again.keys() == good.keys() and all((again[k] == good[k]).all() for k in good)
 
 
-@pytest.mark.parametrize("kv", ["batch_size=0", "limit=-1", "seeds=0", "contrast_limit=-1",
+@pytest.mark.parametrize("kv", ["batch_size=0", "data.limit=-1", "seeds=0", "contrast_limit=-1",
                                 "thresholds.min_agreement=1.5", "thresholds.max_first_position_bias=-0.1"])
 def test_audit_counts_and_thresholds_are_checked_when_parsed(kv):
     """Were accepted: a batch of 0 items, 0 seeds, or a threshold no judge can meet."""
