@@ -181,9 +181,10 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
 
     ckpt_dir = Path(ckpt_dir)
     with _atomic_dir(ckpt_dir) as tmp:
-        sd = _trainable_state_dict(model)
-        check_finite_weights(sd, step=step)  # NaN weights are never checkpointed (issue 14 point 5)
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
+        if model is not None:  # a command without weights (pofe label) checkpoints only its state
+            sd = _trainable_state_dict(model)
+            check_finite_weights(sd, step=step)  # NaN weights are never checkpointed
+            save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
         tensors: dict[str, torch.Tensor] = {}
         extra: dict[str, Any] = {"format": FORMAT, "step": step, "state": state or {},
                                  "rng": _split(rng_state(), "rng", tensors)}
@@ -218,13 +219,14 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     try:
         extra = json.loads(meta.read_text())
         tensors = load_file(str(ckpt_dir / "trainer_state.safetensors"))
-        sd = load_file(str(ckpt_dir / "model.safetensors"))
+        sd = load_file(str(ckpt_dir / "model.safetensors")) if model is not None else {}
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt_dir}: unreadable checkpoint ({e})") from None
-    missing = set(sd) - set(model.state_dict())
-    if missing:
-        raise CheckpointError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
-    model.load_state_dict(sd, strict=False)
+    if model is not None:
+        missing = set(sd) - set(model.state_dict())
+        if missing:
+            raise CheckpointError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
+        model.load_state_dict(sd, strict=False)
     if optimizer is not None and "optimizer" in extra:
         optimizer.load_state_dict(_join(extra["optimizer"], tensors))
     if scheduler is not None and "scheduler" in extra:
