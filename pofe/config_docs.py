@@ -13,7 +13,7 @@ import importlib
 import json
 import types
 import typing
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -59,6 +59,14 @@ def _section(annotation: Any) -> type[BaseModel] | None:
 
 
 def _type_name(annotation: Any) -> str:
+    from pofe.judges.config import JudgeConfig
+
+    # The judge union is a discriminated Annotated[Union[...]] whose repr carries validator
+    # function addresses (different on every run): name it by what a user writes instead.
+    if annotation == JudgeConfig:
+        return "judge (a section with `kind`: one of the judge kinds)"
+    if annotation == Optional[JudgeConfig]:
+        return "judge or null (a section with `kind`: one of the judge kinds)"
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
     for noise in ("pofe.judges.config.", "pofe.generation.sampling.", "Annotated[", "pathlib."):
