@@ -59,13 +59,13 @@ def _section(annotation: Any) -> type[BaseModel] | None:
 
 
 def _type_name(annotation: Any) -> str:
-    from pofe.judges.config import JudgeConfig
+    from pofe.judges.config import AnyJudgeConfig, JudgeConfig
 
     # The judge union is a discriminated Annotated[Union[...]] whose repr carries validator
     # function addresses (different on every run): name it by what a user writes instead.
-    if annotation == JudgeConfig:
+    if annotation in (JudgeConfig, AnyJudgeConfig):
         return "judge (a section with `kind`: one of the judge kinds)"
-    if annotation == Optional[JudgeConfig]:
+    if annotation in (Optional[JudgeConfig], Optional[AnyJudgeConfig]):
         return "judge or null (a section with `kind`: one of the judge kinds)"
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
