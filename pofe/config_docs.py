@@ -13,7 +13,7 @@ import importlib
 import json
 import types
 import typing
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -59,14 +59,11 @@ def _section(annotation: Any) -> type[BaseModel] | None:
 
 
 def _type_name(annotation: Any) -> str:
-    from pofe.judges.config import AnyJudgeConfig, JudgeConfig
-
-    # The judge union is a discriminated Annotated[Union[...]] whose repr carries validator
+    # The judge union is a discriminated union of Tag-ged configs whose repr carries validator
     # function addresses (different on every run): name it by what a user writes instead.
-    if annotation in (JudgeConfig, AnyJudgeConfig):
-        return "judge (a section with `kind`: one of the judge kinds)"
-    if annotation in (Optional[JudgeConfig], Optional[AnyJudgeConfig]):
-        return "judge or null (a section with `kind`: one of the judge kinds)"
+    if "Tag(tag='length')" in str(annotation):
+        kind = "judge (a section with `kind`: one of the judge kinds)"
+        return f"{kind} or null" if "NoneType" in str(annotation) or str(annotation).startswith("typing.Optional") else kind
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
     for noise in ("pofe.judges.config.", "pofe.generation.sampling.", "Annotated[", "pathlib."):
