@@ -159,7 +159,7 @@ def _looks_local(name: str) -> bool:
 
 def resolve_model_path(name_or_path: str, *, revision: str | None = None) -> str:
     """Embedded name -> cached safetensors dir; local dir -> itself; else a hub id, checked once
-    and fast (issue 14: a typo'd name retried the hub for 30-51 s).
+    and fast (a typo'd name must not retry the hub for tens of seconds).
 
     A name that looks like a path (``./x``, ``/x``, ``a/b/c``) or exists on disk is never tried
     as a hub id; with ``HF_HUB_OFFLINE=1`` a hub id must already be in the local HF cache.

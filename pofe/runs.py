@@ -1,7 +1,7 @@
 """Run folders: ``runs/<name>/`` with the resolved ``config.yaml``, ``metrics.jsonl`` and,
 depending on the command, a ledger, checkpoints and a report.
 
-Guarantees (issue 14, defect 8 and the ``run.name=../..`` probe), all here so that every
+Guarantees (a run folder is data from anyone, and ``run.name=../..`` must not escape), all here so that every
 command gets them by calling :func:`open_run`:
 
 * **Never shared.** A new folder is claimed with ``mkdir`` without ``exist_ok`` -- atomic on

@@ -9,8 +9,8 @@ Two things live here for every command:
 * **One line per error.** Every exception that reaches the top becomes one line on stderr and
   an exit status -- 2 for bad input (config, data, run folder, model name), 1 for the
   environment or an endpoint (disk full, read-only file system, unreachable judge) and for
-  internal errors -- with ``-v`` printing the traceback first (issue 14: ~25 error paths used
-  to end in a traceback). A :class:`pofe.errors.PofeError` carries its own status, so a
+  internal errors -- with ``-v`` printing the traceback first (a user's mistake deserves
+  a sentence, not a traceback). A :class:`pofe.errors.PofeError` carries its own status, so a
   command raises a typed error where the problem is found and never catches to exit.
 """
 
@@ -42,7 +42,7 @@ COMMAND_MODULES = [
 
 _state = {"verbose": False}
 
-# Commands that run data-parallel under torchrun / accelerate launch (issue 11 point 5). Every
+# Commands that run data-parallel under torchrun / accelerate launch. Every
 # other command refuses WORLD_SIZE > 1 with one line instead of running N independent copies
 # (two run folders from a 2-process ``pofe sft``). A command joins this set once its loop
 # shards data and all-reduces gradients, with a test.

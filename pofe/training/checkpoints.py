@@ -1,7 +1,7 @@
 """Checkpoints with everything an exact resume needs, and the final model -- with no pickle.
 
 Why no ``torch.load`` of pickles (``weights_only`` off): unpickling runs code, and a run folder is data
-that may come from anyone (issue 14, defect 9: a planted ``trainer_state.pt`` was executed on
+that may come from anyone (a planted pickled ``trainer_state.pt`` would run its code on
 ``--resume``). Tensors (weights, optimiser moments, RNG states) go to safetensors, everything
 else (step, loop state, optimiser hyper-parameters, scheduler, Python/NumPy RNG scalars) to
 JSON; neither format can carry code.
@@ -285,7 +285,7 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
 def save_final(model, tokenizer, out_dir: str | Path) -> Path:
     """Save a model that plain transformers / vLLM can load, atomically: written into a
     temporary sibling, fsynced, a marker listing every file and its size written last, then
-    renamed into place (issue 14, defect 6: a torn ``final/`` once passed as a result).
+    renamed into place (a ``final/`` torn by a crash must never pass as a result).
 
     With LoRA, the adapter (with the tokenizer, and the base model's *name* in its
     ``adapter_config.json``) is saved under ``adapter/`` and the merged weights at ``out_dir``."""

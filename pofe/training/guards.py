@@ -14,8 +14,8 @@ from pofe.errors import PofeError
 
 class NonFiniteLoss(PofeError, RuntimeError):
     """A NaN/inf loss. Raised before ``optimizer.step()`` and before any checkpoint, so the last
-    checkpoint on disk stays finite (issue 14: a NaN loss was once logged as ``null`` and a NaN
-    checkpoint saved before the crash). ``str(e)`` is one line naming the step and the pair."""
+    checkpoint on disk stays finite (a NaN loss logged as ``null`` with a NaN checkpoint saved
+    before the crash would make the crash unrecoverable). ``str(e)`` is one line naming the step and the pair."""
 
     exit_code = 1
 
@@ -71,8 +71,8 @@ def world_size() -> int:
 
 def require_single_process(command: str) -> None:
     """Refuse ``WORLD_SIZE > 1`` for a command that does not run data-parallel: under
-    torchrun / accelerate launch it would otherwise run N independent copies (issue 11: two run
-    folders from ``pofe sft`` with 2 processes). Raises :class:`MultiProcessRefused` (the CLI
+    torchrun / accelerate launch it would otherwise run N independent copies (two
+    run folders from ``pofe sft`` with 2 processes). Raises :class:`MultiProcessRefused` (the CLI
     exits 2 with its one line)."""
     n = world_size()
     if n > 1:

@@ -195,7 +195,7 @@ class EndpointBackend:
 
         Asked again on every access (the judge reads it once per ``judge()`` call): a model
         swapped behind the same URL between two calls gets a new fingerprint, so its reads
-        miss the cache instead of replaying the old model's labels (issue 14 point 2).
+        miss the cache instead of replaying the old model's labels.
         A server that cannot say what it serves makes the backend uncacheable."""
         if self._fingerprint is not None:
             return self._fingerprint

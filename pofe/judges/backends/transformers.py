@@ -56,7 +56,7 @@ class TransformersBackend(SingleTokenChoices):
     def fingerprint(self) -> str:
         """Identity of the answering weights. A live model object is identified by a hash of
         its parameters, never by ``model_name``: a model passed to ``online.run`` under the
-        default name must not share the embedded model's cache entries (issue 10)."""
+        default name must not share the embedded model's cache entries."""
         if self.live_model:
             if self._live_hash is None:
                 self._live_hash = weights_hash(self._model)
