@@ -27,7 +27,7 @@ COMMANDS: dict[str, str] = {
     "self-reward": "pofe.loops.self_reward:SelfRewardConfig",
     "label": "pofe.loops.label:LabelConfig",
     "cai revise": "pofe.loops.cai_revise:CaiReviseConfig",
-    "cai refusal": "pofe.cli.cai:RefusalEvalConfig",
+    "cai refusal": "pofe.loops.cai_refusal:RefusalEvalConfig",
     "judge": "pofe.loops.judge:JudgeCommandConfig",
     "audit": "pofe.evaluation.audit:AuditConfig",
     "eval": "pofe.evaluation.eval:EvalConfig",

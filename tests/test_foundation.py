@@ -254,7 +254,7 @@ MODEL_COMMANDS = [  # every command that loads a model it runs (judges: see test
     ("pofe.loops.online", "OnlineConfig"), ("pofe.loops.self_reward", "SelfRewardConfig"), ("pofe.loops.sft", "SFTConfig"),
     ("pofe.loops.rm", "RMConfig"), ("pofe.loops.rl", "RLConfig"), ("pofe.loops.label", "LabelConfig"),
     ("pofe.loops.cai_revise", "CaiReviseConfig"), ("pofe.evaluation.eval", "EvalConfig"), ("pofe.loops.chat", "ChatConfig"),
-    ("pofe.cli.cai", "RefusalEvalConfig"),
+    ("pofe.loops.cai_refusal", "RefusalEvalConfig"),
 ]
 
 

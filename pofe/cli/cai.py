@@ -18,29 +18,6 @@ from pofe.cli.common import (
     emit_json,
     resolve_config,
 )
-from pydantic import Field
-
-from pofe.config import PofeConfig
-from pofe.generation import SamplingConfig
-from pofe.training import ModelConfig
-
-
-class RefusalEvalConfig(PofeConfig):
-    """``pofe cai refusal``."""
-
-    model: ModelConfig = ModelConfig()
-    """The model whose refusals are counted."""
-    benign: str = "xstest:safe"
-    """Benign prompts (a refusal here is over-refusal)."""
-    harmful: str = "xstest:unsafe"
-    """Harmful prompts (a refusal here is wanted)."""
-    n: int = Field(50, ge=1)
-    """Prompts per set."""
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.0)
-    """Greedy by default, so the rates do not depend on sampling luck."""
-    seed: int = 0
-    """Sampling seed (when temperature > 0)."""
-
 
 def register(app: typer.Typer) -> None:
     cai = typer.Typer(name="cai", help="Constitutional AI: critique-and-revise SFT data (SL-CAI) and refusal tracking.",
@@ -89,21 +66,15 @@ def register(app: typer.Typer) -> None:
     def refusal(
         config: Optional[Path] = ConfigOpt,
         model: Optional[str] = typer.Option(None, help="Model name, id or path."),
-        n: Optional[int] = typer.Option(None, help="Prompts per set."),
+        n: Optional[int] = typer.Option(None, help="Prompts per set (data.max_prompts)."),
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
-        cfg = resolve_config(RefusalEvalConfig, config, set_, {"model.name": model, "n": n}, print_config)
-        from pofe.data.prompts import load_prompt_texts as load_prompts
-        from pofe.evaluation.refusal import evaluate_refusal
-        from pofe.models import load_model
+        from pofe.loops.cai_refusal import RefusalEvalConfig, run
 
-        benign = load_prompts(cfg.benign, limit=cfg.n)
-        harmful = load_prompts(cfg.harmful, limit=cfg.n)
-        m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
-        rep = evaluate_refusal(m, tok, benign, harmful, sampling=cfg.sampling, seed=cfg.seed)
-        rep["model"] = cfg.model.name
+        cfg = resolve_config(RefusalEvalConfig, config, set_, {"model.name": model, "data.max_prompts": n}, print_config)
+        rep = run(cfg)
         if json_out:
             emit_json(rep)
         else:
