@@ -29,7 +29,7 @@ from pathlib import Path
 def head_to_head(judge, online_dir: str, offline_dir: str) -> dict:
     """Online's final greedy responses against offline's on the same held-out prompts,
     judged by the oracle in both orders: the direct comparison (OAIF Table 2's question)."""
-    from pofe.loops.online import winrate, winrate_value
+    from pofe.evaluation.vs_initial import winrate, winrate_value
     from pofe.records import Completion, Prompt
     from pofe.runs import read_jsonl
 

@@ -8,7 +8,8 @@ import pytest
 
 from pofe.data.eft import RankedPrompt, agrees, build_eft, load_ranked, rebalance, split_ranked
 from pofe.data.aift import build_pair, build_pairs
-from pofe.evaluation.self_reward import ScoresAsPairwise, head_to_head, rm_eval
+from pofe.evaluation.self_reward import head_to_head, rm_eval
+from pofe.judges.base import PointwiseAsPairwise
 from pofe.records import Judgment, Score
 
 
@@ -96,7 +97,7 @@ def test_head_to_head_order_disagreement_is_a_tie():
 
 
 def test_scores_as_pairwise_and_unscored_dropped():
-    pj = ScoresAsPairwise(FakeScorer({"good": 5, "bad": 1, "meh": 1}))
+    pj = PointwiseAsPairwise(FakeScorer({"good": 5, "bad": 1, "meh": 1}))
     js = pj.judge(["x"] * 3, ["good", "bad", "meh"], ["bad", "meh", "???"])
     assert [j.p for j in js] == [1.0, 0.5, None]
     h = head_to_head(FakeScorer({"good": 5, "bad": 1}), ["x"] * 2, ["good", "zzz"], ["bad", "bad"])

@@ -11,16 +11,9 @@ import torch
 from pofe.data.prompts import DataError
 from pofe.logprobs import completion_logprobs
 from pofe.loops import sft as sft_mod
-from pofe.loops.sft import (
-    SFTConfig,
-    SFTDataConfig,
-    SFTExample,
-    batch_indices,
-    example_from_row,
-    load_sft_data,
-    response_nll,
-    tokenize_examples,
-)
+from pofe.data.sft import SFTExample, load_sft_data, to_example
+from pofe.loops.sft import SFTConfig, SFTDataConfig
+from pofe.training.sft_step import batch_indices, response_nll, tokenize_examples
 from pofe.models import tiny_causal_lm
 from pofe.runs import read_jsonl
 
@@ -146,14 +139,14 @@ def test_sft_lora_only_trains_adapter(tmp_path, tokenizer, tiny_model):
 
 
 def test_data_formats(tmp_path):
-    assert example_from_row({"prompt": "p", "response": "r"}, "f:1") == SFTExample("p", "r")
-    assert example_from_row({"instruction": "Add", "input": "1 2", "output": "3"}, "f:1").prompt == "Add\n\n1 2"
+    assert to_example({"prompt": "p", "response": "r"}, "f:1") == SFTExample("p", "r")
+    assert to_example({"instruction": "Add", "input": "1 2", "output": "3"}, "f:1").prompt == "Add\n\n1 2"
     si = {"instruction": "Sort", "instances": [{"input": "b a", "output": "a b"}], "is_classification": False}
-    assert example_from_row(si, "f:1") == SFTExample("Sort\n\nb a", "a b")
+    assert to_example(si, "f:1") == SFTExample("Sort\n\nb a", "a b")
     msgs = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    assert example_from_row(msgs, "f:1").response == "hello"
+    assert to_example(msgs, "f:1").response == "hello"
     with pytest.raises(DataError, match="f:3"):
-        example_from_row({"prompt": "p"}, "f:3")
+        to_example({"prompt": "p"}, "f:3")
     ift = tmp_path / "ift.jsonl"
     eft = tmp_path / "eft.jsonl"
     ift.write_text("".join(json.dumps({"prompt": f"p{i}", "response": "r"}) + "\n" for i in range(4)))

@@ -7,7 +7,6 @@ a read), so pruning or clearing it never changes a result, only what the next ru
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Optional

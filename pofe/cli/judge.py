@@ -23,7 +23,7 @@ from pofe.cli.common import (
     emit_json,
     resolve_config,
 )
-from pofe.loops.judge import JudgeCommandConfig, load_rows, run_judge  # noqa: F401 (the command's config and run)
+from pofe.loops.judge import JudgeCommandConfig, run_judge
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,6 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.data.eft import RankedPrompt
 from pofe.judges.base import Capability, as_pairwise, has_capability
-from pofe.judges.base import PointwiseAsPairwise as ScoresAsPairwise  # noqa: F401 (one implementation, old name)
 from pofe.judges.config import JudgeConfig
 
 

@@ -35,8 +35,6 @@ def scored_candidates(path: Path, prompts: Sequence[str], policy, tokenizer, jud
     """Rows ``{index, prompt, responses, scores, samples, finished, tokens, judge_id}``, one per
     prompt, for every prompt (earlier chunks read back from ``path``). ``seed(start)`` seeds
     the chunk that starts at prompt ``start`` (a resumed run samples what it would have)."""
-    import json
-
     done = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("index") is not None]
     if path.exists():  # drop a torn last line before appending
         atomic_write_text(path, "".join(json_line(r) + "\n" for r in done))

@@ -25,13 +25,12 @@ from pydantic import Field
 
 from pofe.config import PofeConfig
 from pofe.data.io import DataError
-from pofe.data.sft import RESPONSE_FIELDS, SFTExample, load_examples, load_sft_data, source_counts  # noqa: F401
-from pofe.data.sft import to_example as example_from_row  # noqa: F401  (the old name stays importable)
+from pofe.data.sft import SFTExample, load_sft_data, source_counts
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.precision import Precision
-from pofe.training.sft_step import Tokenized, batch_indices, response_nll, sft_step, tokenize_examples  # noqa: F401
+from pofe.training.sft_step import batch_indices, sft_step, tokenize_examples
 from pofe.training.tracking import LogConfig
 
 log = logging.getLogger(__name__)

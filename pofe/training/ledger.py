@@ -38,7 +38,6 @@ records its size, and a resumed run moves rows written after it to
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 ANNOTATION_STATUSES = ("trained", "identical", "unlabelled", "ties", "inconsistent", "low_margin", "ranking")
@@ -69,12 +68,3 @@ def annotation_row(*, pair_id: str, step: int, rank: int, prompt, a, b, judgment
 def loss_row(ps, step: int) -> dict[str, Any]:
     """A ``kind: "loss"`` row from a :class:`pofe.training.dap.PairStats`."""
     return {"kind": "loss", "pair_id": ps.pair_id, "step": step, "loss": ps.loss, "margin": ps.margin, "p": ps.p}
-
-
-def resume_files(run_dir: Path, step: int, ledger_offset: int) -> None:
-    """Make the run folder agree with the checkpoint at ``step`` whose ledger was
-    ``ledger_offset`` bytes: the driver's rewind (:func:`pofe.recipe.rewind`) for the ledger and
-    ``metrics.jsonl``. Never through a planted link."""
-    from pofe.recipe import rewind
-
-    rewind(Path(run_dir), step, {"ledger.jsonl": ledger_offset}, ("ledger.jsonl",))

@@ -1,5 +1,4 @@
-"""Per-step metrics of the DAP loops (pure functions), the end-of-run summary, and the
-truncation a resumed run applies to ``metrics.jsonl``.
+"""Per-step metrics of the DAP loops (pure functions) and the end-of-run summary.
 
 Metric names follow TRL's ``DPOTrainer`` where one exists, so that pofe and TRL runs overlay
 in TensorBoard / W&B: ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
@@ -10,14 +9,9 @@ plain names: mean_p, consistency_rate, mean_len, winrate_vs_init, time_*, *_pair
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Sequence
-
-from pofe.runs import atomic_write_text, read_jsonl
 
 
 P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -159,15 +153,6 @@ def online_summary(history: Sequence[dict], cfg, *, acc, model, beta: float, jud
     if identical is not None:
         s["weights_identical_across_processes"] = identical
     return s
-
-
-def truncate_metrics(run_dir: str | Path, step: int) -> None:
-    """Drop ``metrics.jsonl`` rows after ``step`` (a resumed run recomputes them; never two
-    rows for one step)."""
-    metrics = Path(run_dir) / "metrics.jsonl"
-    if os.path.lexists(metrics):  # a planted link is refused by read_jsonl, never followed
-        keep = [r for r in read_jsonl(metrics) if int(r.get("step", 0)) <= step]
-        atomic_write_text(metrics, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def iteration_row(m: dict[str, Any]) -> dict[str, Any]:

@@ -333,7 +333,8 @@ def _sft_formats():
 
 
 def _sft(src):
-    from pofe.loops.sft import SFTDataConfig, load_sft_data
+    from pofe.data.sft import load_sft_data
+    from pofe.loops.sft import SFTDataConfig
 
     ex, _ = load_sft_data(SFTDataConfig(ift=[str(src)]))
     return [(e.prompt, e.response) for e in ex]

@@ -181,9 +181,8 @@ def test_planted_lock_link_never_truncates_its_target(tmp_path):
 def test_planted_ledger_and_metrics_links_never_touch_their_targets(tmp_path):
     """Resume trims ledger.jsonl / metrics.jsonl and appends to them: through a planted link
     that truncated and appended to another file."""
+    from pofe.recipe import rewind, rewind_metrics, rewind_output
     from pofe.runs import JsonlWriter, open_run, release_run
-    from pofe.training.ledger import resume_files
-    from pofe.training.resume import rewind_metrics, rewind_to_offset
 
     run_dir = _planted_online(tmp_path)
     victim = tmp_path / "victim.jsonl"
@@ -193,13 +192,13 @@ def test_planted_ledger_and_metrics_links_never_touch_their_targets(tmp_path):
     open_run(RunConfig(), "online", resume=run_dir)
     try:
         with pytest.raises(RunError, match="ledger.jsonl: is a symbolic link"):
-            resume_files(run_dir, 0, 0)
+            rewind(run_dir, 0, {"ledger.jsonl": 0}, ("ledger.jsonl",))
         with pytest.raises(RunError, match="ledger.jsonl: is a symbolic link"):
             JsonlWriter(run_dir / "ledger.jsonl")
         with pytest.raises(RunError, match="metrics.jsonl: is a symbolic link"):
             rewind_metrics(run_dir / "metrics.jsonl", 0)
         with pytest.raises(RunError, match="metrics.jsonl: is a symbolic link"):
-            rewind_to_offset(run_dir / "metrics.jsonl", 0)
+            rewind_output(run_dir / "metrics.jsonl", 0)
         (run_dir / "ledger.jsonl").unlink()
         (run_dir / "eval").symlink_to(tmp_path, target_is_directory=True)  # a folder link out of the run
         with pytest.raises(RunError, match="outside the run folder"):
