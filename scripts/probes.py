@@ -247,7 +247,7 @@ def sft_args(ctx: Ctx, d: Path, *extra: str, ift: Path | None = None) -> list[st
 
 def rl_args(ctx: Ctx, d: Path, *extra: str, name: str = "r", steps: int = 2) -> list[str]:
     return ["rl", "--prompts", str(D(ctx, "prompts.txt")),
-            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"train.steps={steps}", f"run.name={name}", "train.batch_size=2", "train.group_size=2", "eval_prompts=2", "eval_samples=1",
+            *sets(f"model.name={ctx.tiny}", f"run.output_dir={d / 'runs'}", f"train.steps={steps}", f"run.name={name}", "train.batch_size=2", "train.group_size=2", "eval.num_prompts=2", "eval.samples=1",
                   "sampling.max_new_tokens=4", "optim.lr=1e-2", "log.progress=false", "log.tensorboard=false", *extra)]
 
 

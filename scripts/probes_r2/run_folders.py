@@ -59,9 +59,9 @@ def probes(P) -> list:
     def callable_rl(c, d):
         victim(d)
         plant(d, "pofe.loops.rl.RLConfig", {
-            "model": {"name": str(c.tiny)}, "prompts": str(P.D(c, "prompts.txt")),
+            "model": {"name": str(c.tiny)}, "data": {"prompts": str(P.D(c, "prompts.txt"))},
             "reward": {"kind": "judge", "judge": {"kind": "callable", "callable": "shutil:rmtree"}},
-            "train": {"steps": 1, "batch_size": 2, "group_size": 2}, "eval_prompts": 2, "eval_samples": 1})
+            "train": {"steps": 1, "batch_size": 2, "group_size": 2}, "eval": {"num_prompts": 2, "samples": 1}})
 
     out.append(P.cli("r2-run: rl --resume of a folder whose reward judge is callable", CLS,
                      "exit 2 naming reward.judge.callable", lambda c, d: ["rl", "--resume", d / "runs" / "r"], code=2,
