@@ -1,0 +1,141 @@
+"""The invariant harness: run a ``pofe`` training command as a real process, optionally
+SIGKILLed at a fault point, and compare what two runs wrote.
+
+``pofe`` runs the way a user runs it (``python -m pofe.cli.main <cmd> --config C.yaml``), with
+one CPU thread (so two runs do the same arithmetic in the same order: the basis of the
+bit-identical claims) and no hub. A kill uses the loops' own fault points
+(``POFE_FAULT=<point>``: ``pofe.training.fault_point`` sends SIGKILL to the process at that
+line, no cleanup).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Result(NamedTuple):
+    rc: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+
+def _env(fault: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "POFE_FAULT"}
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", "")})
+    if fault is not None:
+        env["POFE_FAULT"] = fault
+    return env
+
+
+def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, resume: Path | None = None,
+             fault: str | None = None, timeout: float = 300) -> Result:
+    """``python -m pofe.cli.main *argv`` with ``config`` (written next to its run folder and
+    passed as ``--config``) or ``--resume RUN_DIR``; ``fault``: the ``POFE_FAULT`` point at
+    which the process SIGKILLs itself. Returns (rc, stdout, stderr, run_dir); rc is -9 for a
+    killed run."""
+    if (config is None) == (resume is None):
+        raise ValueError("run_pofe: give config or resume")
+    args = [sys.executable, "-m", "pofe.cli.main", *argv]
+    if config is not None:
+        run_dir = Path(config["run"]["output_dir"]) / config["run"]["name"]
+        path = run_dir.parent / f"{run_dir.name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        args += ["--config", str(path)]
+    else:
+        run_dir = Path(resume)
+        args += ["--resume", str(run_dir)]
+    p = subprocess.run(args, cwd=REPO, env=_env(fault), capture_output=True, text=True, timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr, run_dir)
+
+
+# ----------------------------------------------------------------------------- reading a run
+
+def _drop(row: Any, drop: tuple[str, ...], prefix: str = "") -> Any:
+    """``row`` without the fields named in ``drop`` (dotted paths; ``*`` patterns allowed)."""
+    if not isinstance(row, dict):
+        return row
+    out = {}
+    for k, v in row.items():
+        name = prefix + k
+        if any(fnmatch.fnmatchcase(name, d) or fnmatch.fnmatchcase(k, d) for d in drop):
+            continue
+        out[k] = _drop(v, drop, name + ".")
+    return out
+
+
+def rows(path: Path, drop: tuple[str, ...] = ()) -> list[dict]:
+    """JSON Lines rows of ``path`` with the ``drop`` fields removed (a torn line is an error)."""
+    return [_drop(json.loads(line), drop) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+def first_difference(a: list, b: list) -> str:
+    """Where two lists of rows part, for a failure message."""
+    if len(a) != len(b):
+        return f"{len(a)} rows vs {len(b)} rows"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            keys = sorted(set(x) | set(y)) if isinstance(x, dict) and isinstance(y, dict) else []
+            diff = {k: (x.get(k), y.get(k)) for k in keys if x.get(k) != y.get(k)}
+            return f"row {i}: {diff or (x, y)}"
+    return "equal"
+
+
+def assert_same_rows(got: list, want: list, what: str) -> None:
+    assert got == want, f"{what}: {first_difference(got, want)}"
+
+
+def is_slice(part: list, whole: list) -> bool:
+    """Whether ``part`` is a contiguous run of ``whole`` (the empty list is one)."""
+    n = len(part)
+    return any(whole[i:i + n] == part for i in range(len(whole) - n + 1))
+
+
+def assert_steps_once_in_order(rows_: list[dict], steps: tuple[int, ...] | list[int], what: str) -> None:
+    got = [r.get("step") for r in rows_]
+    assert got == list(steps), f"{what}: steps {got}, want {list(steps)} (each once, in order)"
+
+
+def same_weights(a: Path, b: Path) -> tuple[bool, float]:
+    """(bit-identical, max |a - b|) of two safetensors files."""
+    import torch
+
+    x, y = weights(a), weights(b)
+    if x.keys() != y.keys():
+        return False, float("inf")
+    ident = all(torch.equal(x[k], y[k]) for k in x)
+    diff = max(float((x[k].double() - y[k].double()).abs().max()) for k in x)
+    return ident, diff
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def final_weights(run_dir: Path) -> Path:
+    """``final/model.safetensors`` of a run (self-reward's final/ may be a link to iter_T/model)."""
+    return Path(run_dir) / "final" / "model.safetensors"
