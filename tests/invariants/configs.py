@@ -178,6 +178,8 @@ class Command:
     steps: tuple[int, ...]
     outputs: tuple[Output, ...] = ()
     trains_weights: bool = True
+    #: summary.json fields that legitimately differ after a resume (besides the run's own)
+    summary_drop: tuple[str, ...] = ()
 
 
 def _label_rows_drop() -> tuple[str, ...]:
@@ -207,6 +209,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                     "1:after_judge", "2:after_judge", "2:after_step", "2:after_checkpoint", "sr2:after_dpo",
                     "sr2:after_selection", "sr2:after_iteration"),
             steps=(1, 2),
+            # the iteration's model folder is inside the run folder, whose name differs
+            summary_drop=("iterations.model",),
             outputs=(Output("iter_2/data/prompts.json", "json"), Output("iter_2/data/candidates.jsonl"),
                      Output("iter_2/data/aift.jsonl"), Output("iter_2/prev_val_responses.jsonl"),
                      Output("iter_2/eval_responses.jsonl"), Output("iter_1/eval_responses.jsonl"),
@@ -214,6 +218,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("label", ("label",), label,
             faults=_points((1, 2, 3), "row_1", "row_2", "before_metrics", "after_step", "after_batch", checkpoints=(1, 2, 3)),
             steps=(1, 2, 3), trains_weights=False,
+            # a batch cut short is judged again from the cache: hits instead of misses, no tokens spent
+            summary_drop=("cache", "judge_summary.cache_*", "judge_summary.judge_tokens"),
             outputs=(Output("pairs.jsonl", "text"), Output("labels.jsonl", drop=_label_rows_drop()),
                      Output("preferences.jsonl", "text"))),
     Command("cai revise", ("cai", "revise"), cai_revise,

@@ -63,7 +63,10 @@ def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, r
 # ----------------------------------------------------------------------------- reading a run
 
 def _drop(row: Any, drop: tuple[str, ...], prefix: str = "") -> Any:
-    """``row`` without the fields named in ``drop`` (dotted paths; ``*`` patterns allowed)."""
+    """``row`` without the fields named in ``drop`` (dotted paths; ``*`` patterns allowed; the
+    items of a list keep their list's path)."""
+    if isinstance(row, list):
+        return [_drop(v, drop, prefix) for v in row]
     if not isinstance(row, dict):
         return row
     out = {}

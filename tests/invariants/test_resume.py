@@ -24,11 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from configs import COMMANDS, Command, Output
-from harness import (assert_same_rows, assert_steps_once_in_order, final_weights, is_slice, rows, run_pofe,
-                     same_weights, summary)
+from configs import COMMANDS, TIMING, Command, Output
+from harness import (_drop, assert_same_rows, assert_steps_once_in_order, final_weights, first_difference, is_slice,
+                     rows, run_pofe, same_weights, summary)
 
 SEED = os.environ.get("POFE_FAULT_SEED", "0")
+# summary.json fields that name the run (its folder, its files) or its resume, or measure time
+SUMMARY_RUN_FIELDS = (*TIMING, "run_dir", "final_model", "resumed_from", "resumed_after*", "steps_run", "*seconds*",
+                      "*_per_second", "time_split", "files", "*path*", "*_dir")
 
 
 CASES = [(cmd, random.Random(f"{SEED}/{cmd.name}").choice(cmd.faults)) for cmd in COMMANDS.values()]
@@ -108,6 +111,13 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(case, tmp_path, tiny_m
         assert moved > 1e-4, f"{where}: the weights never moved ({moved:.3g}): the comparison proves nothing"
     s, s_ref = summary(run), summary(ref)
     assert s["steps"] == s_ref["steps"] == len(cmd.steps), (where, s["steps"], s_ref["steps"])
+    # the summary's results too (its before/after evaluation, counts, label statistics): what
+    # differs is only where and when the run happened, and what the resume itself records
+    assert 0 <= s["resumed_from"] <= len(cmd.steps) and s["steps_run"] == len(cmd.steps) - s["resumed_from"], where
+    assert s_ref["resumed_from"] is None, where
+    same = _drop(s, SUMMARY_RUN_FIELDS + cmd.summary_drop)
+    want_s = _drop(s_ref, SUMMARY_RUN_FIELDS + cmd.summary_drop)
+    assert same == want_s, f"{where}: summary.json {first_difference([same], [want_s])}"
     _aside_rows_are_recomputed(run, ref, cmd, where)
     if cmd.name in EXTRA:
         EXTRA[cmd.name](run, point)
