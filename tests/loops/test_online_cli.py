@@ -13,7 +13,7 @@ from pofe.cli.main import app
 from pofe.runs import read_jsonl
 from pofe.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).

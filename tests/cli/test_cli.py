@@ -86,7 +86,7 @@ def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_fo
     ift = tmp_path / "ift.jsonl"
     ift.write_text('{"prompt": "q?", "response": "a."}\n')
     out = tmp_path / "runs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "pofe", "sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--output-dir", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)

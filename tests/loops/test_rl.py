@@ -253,24 +253,6 @@ def test_cli_resume_uses_the_saved_config_and_refuses_overrides(tmp_path):
     assert res.exit_code == 0 and "steps: 3" in res.output
 
 
-@pytest.mark.slow
-def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_model_dir):
-    """A real SIGKILL of ``pofe rl`` after 3 of 12 steps, then ``pofe rl --resume RUN_DIR``: same
-    metrics rows (none twice) and the same final weights as an uninterrupted run."""
-    from _resume_utils import kill_resume_compare
-
-    prompts = _prompts(tmp_path, 8)
-
-    def argv(name):
-        return ["rl", "--model", str(tiny_model_dir), "--prompts", prompts, "--steps", "12", "--output-dir", str(tmp_path),
-                "--name", name, "--set", "train.batch_size=2", "--set", "train.group_size=2", "--set", "eval.num_prompts=2",
-                "--set", "eval.samples=1", "--set", "sampling.max_new_tokens=4", "--set", "checkpoint.every=2",
-                "--set", "optim.lr=1e-2", "--set", "log.progress=false", "--set", "log.tensorboard=false"]
-
-    s = kill_resume_compare(argv, tmp_path, kill_after_rows=3, total_steps=12)
-    assert s["resumed_from"] >= 2 and s["eval_before"] is not None  # "before" comes back from the checkpoint
-
-
 @pytest.mark.parametrize("bad", ["beta=0", "beta=-0.1", "train.steps=0", "train.batch_size=0", "train.group_size=1",
                                  "train.micro_batch=0", "eval.samples=0", "reward.scale=0", "sampling.temperature=0",
                                  "checkpoint.every=-1", "data.max_prompts=0"])
@@ -305,7 +287,7 @@ def test_shipped_examples_parse():
     from pofe.loops.label import LabelConfig
     from pofe.loops.rm import RMConfig
 
-    root = Path(__file__).resolve().parents[1] / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     kinds = {"cai": CaiReviseConfig, "label": LabelConfig, "rm": RMConfig, "rl": RLConfig}
     seen = 0
     for prefix, cls in kinds.items():

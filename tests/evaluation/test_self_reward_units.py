@@ -235,7 +235,7 @@ def test_example_config_validates():
     from pofe.config import load_config
     from pofe.loops.self_reward import SelfRewardConfig
 
-    cfg = load_config(SelfRewardConfig, Path(__file__).resolve().parents[1] / "examples" / "self-reward-tiny.yaml")
+    cfg = load_config(SelfRewardConfig, Path(__file__).resolve().parents[2] / "examples" / "self-reward-tiny.yaml")
     assert cfg.iterations == 2 and cfg.candidates.n == 4 and cfg.log.progress
 
 

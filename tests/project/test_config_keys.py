@@ -9,7 +9,7 @@ import pytest
 
 from pofe.config_docs import COMMANDS, TRAINING_COMMANDS, config_class, keys, render
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 # section key -> the one class every command uses for it (a subclass where a command needs more fields)
 SHARED = {

@@ -16,7 +16,7 @@ from collections import deque
 from itertools import pairwise
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "pofe"
+ROOT = Path(__file__).resolve().parents[2] / "pofe"
 
 # The CLI's entry point (``python -m pofe``) is the one module outside pofe.cli meant to import it.
 CLI_ENTRY_POINTS = {"pofe.__main__"}

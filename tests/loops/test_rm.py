@@ -256,21 +256,3 @@ def test_hh_rlhf_pairs_load(shared_data):
 
     pairs = load_pairs("hh-rlhf:helpful", limit=5)
     assert len(pairs) == 5 and all(q.p == 1.0 and q.chosen != q.rejected for q in pairs)
-
-
-@pytest.mark.slow
-def test_sigkill_at_an_arbitrary_point_then_cli_resume_is_exact(tmp_path, tiny_model_dir):
-    """A real SIGKILL of ``pofe rm`` (no cleanup at all) after 3 of 15 steps, then ``pofe rm
-    --resume RUN_DIR``: the folder ends exactly as an uninterrupted run's."""
-    from _resume_utils import kill_resume_compare
-
-    pairs = _pair_file(tmp_path, 10)
-
-    def argv(name):
-        return ["rm", "--train", str(pairs), "--model", str(tiny_model_dir), "--output-dir", str(tmp_path), "--name", name,
-                "--epochs", "3", "--set", "train.batch_size=2", "--set", "checkpoint.every=1", "--set", "optim.lr=3e-3",
-                "--set", "log.progress=false", "--set", "log.tensorboard=false"]
-
-    # 9 train pairs (one held out) -> 5 steps per epoch x 3 epochs
-    s = kill_resume_compare(argv, tmp_path, kill_after_rows=3, total_steps=15)
-    assert s["resumed_from"] >= 2

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from pofe.cli.main import app, describe_error
 from pofe.errors import PofeError
 
-PKG = Path(__file__).resolve().parents[1] / "pofe"
+PKG = Path(__file__).resolve().parents[2] / "pofe"
 
 # Exceptions defined in pofe that never reach the CLI, each with the reason.
 INTERNAL = {

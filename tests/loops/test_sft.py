@@ -230,7 +230,7 @@ def test_example_configs_validate():
 
     from pofe.config import load_config
 
-    root = Path(__file__).resolve().parents[1] / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     for name in ("sft-ift.yaml", "sft-ift-eft.yaml"):
         cfg = load_config(SFTConfig, root / name)
         assert cfg.train.batch_size * cfg.train.grad_accum == 16  # the paper's batch

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "CONTRIBUTING.md"
 NAME, CAMEL = "toy", "Toy"  # what the page's <name> / <Name> stand for here
 SECTIONS = ("Adding a judge backend", "Adding a DAP loss", "Adding a command")
@@ -240,7 +240,7 @@ def test_adding_a_judge_backend(tmp_path):
     _regenerate_and_test(tree.root, "tests/judges/test_toy_backend.py",
                          "tests/judges/test_judge_config.py::test_every_backend_implements_the_protocol",
                          "tests/plugins/test_plugins.py::test_builtin_backend_names_match_the_backends_map",
-                         "tests/test_layout.py", regenerate=False)
+                         "tests/project/test_layout.py", regenerate=False)
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": "Colour?", "response_a": a, "response_b": b}) + "\n"
@@ -301,14 +301,14 @@ def test_adding_a_dap_loss(tmp_path, tiny_model_dir):
     online = "pofe/loops/online.py"
     tree.edit(online, "slic (Eq. 3), or a loss", "slic (Eq. 3), toy (a squared hinge), or a loss")
     tree.edit(online, "SLiC 0.002.", "SLiC 0.002; toy 0.5.")
-    tests = "tests/test_losses.py"
+    tests = "tests/core/test_losses.py"
     tree.edit(tests, 'assert DEFAULT_BETA == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}',
               'assert DEFAULT_BETA == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002, "toy": 0.5}')
     (tree.root / tests).write_text((tree.root / tests).read_text(encoding="utf-8") + TOY_LOSS_TEST, encoding="utf-8")
 
-    _regenerate_and_test(tree.root, "tests/test_losses.py",
-                         "tests/test_config_keys.py::test_docs_config_md_is_generated_from_the_classes_and_current",
-                         "tests/test_layout.py")
+    _regenerate_and_test(tree.root, "tests/core/test_losses.py",
+                         "tests/project/test_config_keys.py::test_docs_config_md_is_generated_from_the_classes_and_current",
+                         "tests/project/test_layout.py")
     new_md = (tree.root / "docs" / "config.md").read_text(encoding="utf-8")
     assert not any("toy" in r for r in _config_md_rows(tree.config_md, "loss.name"))
     assert any("toy" in r for r in _config_md_rows(new_md, "loss.name"))
@@ -471,12 +471,12 @@ def test_adding_a_command(tmp_path):
     tree.edit("pofe/cli/main.py", '"export",\n]', '"export", "toy",\n]')
     tree.edit("pofe/config_docs.py", '    "export": "pofe.loops.export:ExportConfig",\n}',
               '    "export": "pofe.loops.export:ExportConfig",\n    "toy": "pofe.loops.toy:ToyConfig",\n}')
-    tree.edit("tests/test_layout.py", '"cai revise": "cai_revise"}', '"cai revise": "cai_revise", "toy": "toy"}')
-    tree.create("tests/test_toy.py", TOY_TEST)
+    tree.edit("tests/project/test_layout.py", '"cai revise": "cai_revise"}', '"cai revise": "cai_revise", "toy": "toy"}')
+    tree.create("tests/loops/test_toy.py", TOY_TEST)
 
-    _regenerate_and_test(tree.root, "tests/test_toy.py", "tests/test_layout.py", "tests/test_config_keys.py",
-                         "tests/test_cli.py::test_help_lists_registered_commands_only",
-                         "tests/test_cli.py::test_every_command_has_help")
+    _regenerate_and_test(tree.root, "tests/loops/test_toy.py", "tests/project/test_layout.py", "tests/project/test_config_keys.py",
+                         "tests/cli/test_cli.py::test_help_lists_registered_commands_only",
+                         "tests/cli/test_cli.py::test_every_command_has_help")
     new_md = (tree.root / "docs" / "config.md").read_text(encoding="utf-8")
     assert "## pofe toy\n" in new_md and "## pofe toy\n" not in tree.config_md
 

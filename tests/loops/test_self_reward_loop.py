@@ -12,7 +12,7 @@ from pofe.cli.self_reward import compact
 from pofe.loops.self_reward import SelfRewardConfig, run
 from pofe.runs import read_jsonl
 
-EXPECTED_RUBRIC = Path(__file__).resolve().parents[1] / "examples" / "templates" / "rubric-expected-score.yaml"
+EXPECTED_RUBRIC = Path(__file__).resolve().parents[2] / "examples" / "templates" / "rubric-expected-score.yaml"
 
 
 @pytest.mark.slow
