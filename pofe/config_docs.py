@@ -3,7 +3,7 @@ field docstrings are the documentation), so the page cannot drift from the code.
 
     python -m pofe.config_docs > docs/config.md
 
-``tests/test_config_keys.py`` checks that the committed page equals :func:`render` and that the
+``tests/project/test_config_keys.py`` checks that the committed page equals :func:`render` and that the
 shared sections carry the same keys and classes in every command.
 """
 

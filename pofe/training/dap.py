@@ -13,7 +13,7 @@ Design notes
   ``normaliser`` to the number of trained pairs in the whole optimiser step (divided by the
   data-parallel world size, because DDP averages gradients). The step's gradient is then
   the mean over all its pairs whatever the micro-batch split, which is what makes
-  "batch 8 x accumulation 1 == batch 1 x accumulation 8" hold (tests/test_online_invariants.py).
+  "batch 8 x accumulation 1 == batch 1 x accumulation 8" hold (tests/loops/test_online_invariants.py).
 * Under data parallelism every process must run the same number of backward passes; a
   micro-batch left empty (all its pairs masked) runs a zero-weighted dummy forward so the
   gradient all-reduce never deadlocks.

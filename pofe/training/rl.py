@@ -1,7 +1,7 @@
 """Policy-gradient pieces of ``pofe rl``: group baselines, KL estimators, the per-sequence
 loss, per-token log-probs of sampled responses, and the reward sources a step is scored with.
 
-Pure functions where possible, so the numbers can be checked by hand (tests/test_rl.py):
+Pure functions where possible, so the numbers can be checked by hand (tests/loops/test_rl.py):
 
 * **RLOO** (Ahmadian et al. 2024): the whole response is one action; advantage
   A_i = r_i − mean_{j≠i} r_j (leave-one-out, unbiased), loss −A_i · log π(y_i | x).
