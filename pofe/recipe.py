@@ -234,6 +234,11 @@ def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
 
 def _accelerator(recipe: Recipe):
     if not recipe.data_parallel:
+        from pofe.training.guards import require_single_process
+
+        # under torchrun a loop that neither shards data nor all-reduces gradients would run N
+        # independent copies into N run folders (the CLI refuses earlier; a library caller here)
+        require_single_process(recipe.command)
         return None
     from pofe.training.parallel import make_accelerator
 

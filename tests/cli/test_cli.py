@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -77,8 +78,8 @@ def test_version_and_help_start_without_torch_or_transformers():
 
 
 def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
-    """Issue 11 point 5: a 2-process ``torchrun`` of ``pofe sft`` made two run folders on main.
-    The processes exit 2 with one line, and nothing is created."""
+    """A 2-process ``torchrun`` of ``pofe sft`` (which neither shards data nor all-reduces) would
+    make two run folders: the processes exit 2 with one line, and nothing is created."""
     import os
     import subprocess
     import sys
@@ -103,6 +104,41 @@ def test_world_size_refusal_in_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     res = runner.invoke(app, ["chat", "hi"])
     assert res.exit_code == 2 and "pofe chat does not run data-parallel" in res.stderr
+
+
+def test_the_cli_data_parallel_set_is_the_recipes_own_flag():
+    """The CLI refuses WORLD_SIZE > 1 before parsing a config for every command outside
+    DATA_PARALLEL_COMMANDS; the driver decides from ``Recipe.data_parallel``. The two agree."""
+    import importlib
+    import inspect
+
+    from pofe.cli.main import DATA_PARALLEL_COMMANDS
+    from pofe.recipe import Recipe
+
+    flagged = set()
+    for module in ("online", "sft", "rm", "rl", "self_reward", "label", "cai_revise", "judge"):
+        mod = importlib.import_module(f"pofe.loops.{module}")
+        recipes = [c for _, c in inspect.getmembers(mod, inspect.isclass)
+                   if issubclass(c, Recipe) and c is not Recipe and c.__module__ == mod.__name__]
+        assert recipes, module
+        flagged |= {c.command for c in recipes if c.data_parallel}
+    assert flagged == DATA_PARALLEL_COMMANDS == {"online"}
+
+
+def test_the_driver_refuses_world_size_2_for_a_single_process_recipe(tmp_path, monkeypatch, tiny_model_dir):
+    """A library caller under torchrun gets the same refusal from the driver, before any folder."""
+    from pofe.config import load_config
+    from pofe.loops.sft import SFTConfig, run
+    from pofe.training.guards import MultiProcessRefused
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text('{"prompt": "q?", "response": "a."}\n')
+    cfg = load_config(SFTConfig, None, [f"model.name={tiny_model_dir}", f"data.ift=[{ift}]",
+                                        f"run.output_dir={tmp_path / 'runs'}", "train.steps=1"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(MultiProcessRefused, match="pofe sft does not run data-parallel"):
+        run(cfg)
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
 
 def test_unknown_command_suggests_and_exits_2():
