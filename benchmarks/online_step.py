@@ -1,4 +1,4 @@
-"""Seconds per ``pofe online`` step at a fixed config (the ISSUE 4 benchmark).
+"""Seconds per ``pofe online`` step at a fixed config (paired with TRL in ../shared/anchors/trl/).
 
 Config: the embedded SmolLM2-135M-Instruct policy, full fine-tuning in fp32 on CPU,
 4 prompts x 2 samples per step, 48 new tokens, temperature 0.9, DPO beta 0.1, AdamW

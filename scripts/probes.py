@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Re-run the reliability probes of issue 14 against the ``pofe`` CLI (a script, not a test).
+"""Re-run the reliability probes (every class of fault an outside tester found) against the ``pofe`` CLI (a script, not a test).
 
 Every probe runs ``python -m pofe ...`` as a subprocess (one torch thread, ``HF_HUB_OFFLINE=1``,
 a private ``$POFE_HOME``) on a tiny random model built into a temporary folder, with a fake

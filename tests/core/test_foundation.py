@@ -82,7 +82,7 @@ def test_greedy_with_several_samples_repeats_the_greedy_answer(tiny_model, token
 # ----------------------------------------------------------------------------- model names, devices, adapters
 
 def test_typo_hub_name_fails_fast_and_offline(monkeypatch):
-    """Issue 14: a typo'd model name retried the hub for 30-51 s. Offline, a hub id that is not
+    """A typo'd model name must not retry the hub for tens of seconds. Offline, a hub id that is not
     in the local cache is one clear error, and no request is made."""
     from pofe.models import ModelError, resolve_model_path
 
@@ -170,7 +170,7 @@ def test_load_policy_honours_model_device(monkeypatch, tiny_model_dir):
 
 
 def test_loaded_model_records_the_name_not_the_cache_path(monkeypatch, tiny_model_dir, tmp_path):
-    """Issue 10 point 2: an adapter saved from the embedded model must name the *model*, not
+    """An adapter saved from the embedded model must name the *model*, not
     this machine's cache folder, and carry its tokenizer; load_model reads it back."""
     import torch
 
@@ -219,7 +219,7 @@ def test_model_adapter_continues_training_an_existing_adapter(tiny_model_dir, tm
         assert torch.allclose(m(ids).logits, first.eval()(ids).logits, atol=1e-6)
 
 
-# Model loads that do not pass ``model.device`` yet (issue 11 point 4), each owned by the helper
+# Model loads that do not pass ``model.device`` yet, each owned by the helper
 # converting that command to a ``model:`` section. The test fails both when a new load ignores
 # the device and when one listed here is fixed (then remove it from the list).
 DEVICE_PENDING: set[tuple[str, str]] = set()
@@ -260,7 +260,7 @@ MODEL_COMMANDS = [  # every command that loads a model it runs (judges: see test
 
 @pytest.mark.parametrize("module,cls", MODEL_COMMANDS)
 def test_every_command_accepts_model_device(module, cls):
-    """``--set model.device=...`` is a key of every command that runs a model (issue 11 point 4),
+    """``--set model.device=...`` is a key of every command that runs a model,
     validated at parse time (a typo is an error naming the key)."""
     import importlib
 

@@ -1,6 +1,6 @@
 """Format x command matrix: every input format through the loading function each command
 uses (not the whole command), asserting what was loaded -- every turn and the system message
-kept, soft p kept, nothing stringified -- plus the bad-input cases of issue 10 and 14.
+kept, soft p kept, nothing stringified -- plus the bad-input cases (a typo'd field, a torn row, a wrong type).
 
 The fixtures are small made-up rows written in each format; the shared-data adapters are
 read from ../shared/data."""

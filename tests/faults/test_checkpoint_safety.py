@@ -1,5 +1,4 @@
-"""No code from a run folder, no torn final model, no NaN checkpoint (issue 14 defects 6 and 9,
-and the NaN-loss finding)."""
+"""No code from a run folder, no torn final model, no NaN checkpoint."""
 
 from __future__ import annotations
 

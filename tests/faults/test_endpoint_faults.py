@@ -1,4 +1,4 @@
-"""Fault suite for the OpenAI-compatible judge endpoint (issue 14 points 2, 4, 5, 8): a fake
+"""Fault suite for the OpenAI-compatible judge endpoint: a fake
 server on 127.0.0.1 in each fault mode. What must hold in every mode: bounded retries, a
 one-line error or a counted unreadable read, never an invented label, never a stale one.
 """
@@ -235,8 +235,8 @@ def test_server_without_a_model_list_is_never_cached(server, tmp_path, caplog):
 
 
 def test_audit_gate_compares_the_full_judge_identity(tmp_path):
-    # issue 14 point 10: the gate compared a judge id that omits the endpoint URL, both_orders,
-    # CoT, choices and temperature, so an audit of one judge passed the gate for another.
+    # a judge id that omitted the endpoint URL, both_orders, CoT, choices and temperature would
+    # let an audit of one judge pass the gate for another
     import json
 
     from pofe.evaluation.audit import AuditError, judge_identity, require_audit

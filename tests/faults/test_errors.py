@@ -1,6 +1,6 @@
 """Every error a user can reach is one line on stderr and an exit status (2 bad input, 1
 environment), with ``-v`` for the traceback; a full or read-only disk is reported, not a
-traceback (issue 14 point 7)."""
+traceback."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Run folders under concurrency: atomic creation, the PID lock, stale locks, no escape from
-``run.output_dir`` (issue 14 defect 8 and the ``run.name=../..`` probe)."""
+``run.output_dir`` (``run.name=../..`` included)."""
 
 from __future__ import annotations
 

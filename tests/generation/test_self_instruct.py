@@ -136,8 +136,8 @@ def test_generate_prompts_stops_at_target():
 
 
 def test_preambles_are_filtered_not_kept():
-    """Issue 10 point 6: with the chat template SmolLM2-Instruct answered the list, and 3 of 3
-    kept prompts were "Sure, here are the tasks:" lead-ins."""
+    """With the chat template SmolLM2-Instruct answers the list, and its "Sure, here are the
+    tasks:" lead-ins would be kept as prompts (3 of 3 once were)."""
     for text in ("Sure, here are the tasks:", "Here are some more tasks for you:", "Certainly! Below are 5 new tasks",
                  "Okay, I will write three new instructions.", "A list of new tasks follows:",
                  "Here's a new task: write a poem"):
@@ -155,7 +155,7 @@ def test_preambles_are_filtered_not_kept():
 
 
 def test_generated_shots_come_only_from_earlier_iterations():
-    """Issue 10 point 6: the 2 "generated" demonstrations are drawn from the earlier
+    """Self-instruct's 2 "generated" demonstrations are drawn from the earlier
     iterations' pool; prompts kept earlier in this very call are never shown back."""
     seen = []
     fresh = iter(f"Task 9: Describe fresh topic number {w} in detail." for w in

@@ -46,8 +46,8 @@ def test_hf_json_constitution(shared_data):
 
 
 def test_sl_cai_critiques_draw_harm_principles_only():
-    """Fidelity (issue 10 point 6): red-team critiques drew any principle, "no-over-refusal"
-    included; Bai et al.'s SL-CAI critiques identify harmful content only."""
+    """Fidelity: Bai et al.'s SL-CAI critiques identify harmful content only, so a red-team
+    critique never draws a principle such as "no-over-refusal"."""
     c = load_cai_constitution("hhh")
     assert {p.id for p in c.principles if p.harm} == HHH_HARM
     tr = critique_revise(None, None, [f"q{i}" for i in range(80)], c, rounds=3, few_shot=False, generate_fn=FakeModel(), seed=0)

@@ -106,7 +106,7 @@ def test_drop_inconsistent(tmp_path):
 
 
 def test_label_hygiene_margin_filter_counts_and_text_fallback_flag(tmp_path):
-    """Issue 13 point 4: |p - 1/2| under a margin is dropped and counted; the default keeps all
+    """Label hygiene: |p - 1/2| under a margin is dropped and counted; the default keeps all
     and says so in the summary; text-fallback (no log-prob) labels are flagged in every output."""
     verdicts = [(0.55, 0.6, 0.5, True, False), (0.9, 0.9, 0.9, True, False), (1.0, 1.0, 1.0, True, True),
                 (0.45, 0.4, 0.5, False, False), (None, None, None, None, False), (0.2, 0.1, 0.3, True, False)]
@@ -255,7 +255,7 @@ def test_embedded_model_labels_two_pairs(tmp_path):
 
 
 def test_label_applies_the_audit_calibration_map_and_keeps_p_raw(tmp_path):
-    """Issue 13 point 3: a temperature fitted by ``pofe audit`` is applied to every label.
+    """A temperature fitted by ``pofe audit`` is applied to every label.
     T = 2 maps p = 0.9 to expit(logit(0.9) / 2) = 3/4 exactly (logit 0.9 = ln 9; e^{ln 9 / 2} = 3),
     p = 0.2 to expit(-ln 4 / 2) = 1/3; an unparsed label stays unparsed."""
     report = tmp_path / "audit.json"

@@ -106,7 +106,7 @@ def test_winrate_counts_ties_and_unlabelled():
 
 
 def test_winrate_orders_that_disagree_are_a_tie_as_in_eval():
-    """The one tie rule (issue 10/13): p_ab = 0.8 but p_ba = 0.4 (the judge prefers whichever
+    """The one tie rule: p_ab = 0.8 but p_ba = 0.4 (the judge prefers whichever
     is first) is a tie in the online eval, exactly as in ``pofe eval`` — not a win."""
     from pofe.records import Judgment
 
@@ -310,7 +310,7 @@ def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_mod
     assert j2.backend._model is None  # a different annotator model loads lazily on its own
 
 
-# ------------------------------------------------------------------ label hygiene (issue 13 point 4)
+# ------------------------------------------------------------------ label hygiene
 
 def _jv(p, consistent, fallback=False):
     return Judgment(p=p, p_ab=p, p_ba=p, consistent=consistent, parse_ok=True, judge_id="t",
@@ -340,7 +340,7 @@ def test_label_hygiene_drops_and_counts_inconsistent_and_low_margin_pairs():
 
 
 def test_calibration_map_is_applied_before_the_filters_and_ledgered(tmp_path):
-    """Issue 13 point 3 in ``pofe online``: ``labels.calibration`` (an audit report) maps each
+    """In ``pofe online``, ``labels.calibration`` (an audit report) maps each
     judge p before the margin filter. T = 2: p = 0.9 -> expit(ln 9 / 2) = 3/4; p = 0.55 ->
     expit(logit(0.55) / 2) = 0.525, under a 0.05 margin; the ledger keeps p_raw."""
     import json

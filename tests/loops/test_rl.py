@@ -201,8 +201,7 @@ def _crashing_reward(after_calls: int):
 
 
 def test_crash_mid_run_then_resume_is_exact_and_never_duplicates_metrics(tmp_path, tokenizer):
-    """Regression (issue 14: ``rl --resume`` duplicated metrics rows; the old test covered a clean
-    stop only). A crash in step 4 after the step-2 checkpoint and step 3's metrics row; the
+    """A resume must never write a metrics row twice (a clean stop alone would not show it). A crash in step 4 after the step-2 checkpoint and step 3's metrics row; the
     resumed run rewinds metrics to step 2, redoes 3 and 4, and ends exactly where an
     uninterrupted run ends: same metrics, same weights."""
     run(_rl_cfg(tmp_path, "ref"), policy=stopping_lm(tokenizer), tokenizer=tokenizer,
@@ -231,7 +230,7 @@ def test_crash_mid_run_then_resume_is_exact_and_never_duplicates_metrics(tmp_pat
 
 
 def test_resume_of_a_typod_run_folder_is_an_error_not_a_fresh_run(tmp_path, tokenizer):
-    """Regression (issue 14): ``rl`` resume with a wrong run name silently started a new run."""
+    """``rl`` resume with a wrong run name is an error, never a silent fresh run."""
     with pytest.raises(RunError, match="no config.yaml"):
         run(_rl_cfg(tmp_path, "x"), resume=tmp_path / "rl-typo", policy=stopping_lm(tokenizer), tokenizer=tokenizer)
     assert not (tmp_path / "rl-typo").exists() and not (tmp_path / "x").exists()

@@ -206,9 +206,9 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
 
 
 def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
-    """Issue 14 point 1: ``pofe self-reward --resume RUN`` without --config overwrote the run's
-    config.yaml with defaults and carried on with a different judge (one candidates.jsonl
-    held rows from two judges). The run's own config is the truth; options are refused."""
+    """``pofe self-reward --resume RUN`` without --config must not overwrite the run's
+    config.yaml with defaults and carry on with a different judge (one candidates.jsonl
+    would hold rows from two judges). The run's own config is the truth; options are refused."""
     import shutil
 
     import yaml

@@ -175,8 +175,8 @@ def test_cli_sft(tmp_path, tiny_model_dir):
 
 
 def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
-    """Issue 14 point 1: ``pofe sft --resume RUN`` without --config overwrote the run's
-    config.yaml with defaults (then failed: no data). The run's own config is the truth."""
+    """``pofe sft --resume RUN`` without --config must not overwrite the run's config.yaml
+    with defaults (the run would then fail: no data). The run's own config is the truth."""
     from typer.testing import CliRunner
 
     from pofe.cli.main import app
