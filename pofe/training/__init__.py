@@ -1,242 +1,45 @@
-"""Shared training plumbing for every loop (online, sft, self-reward, rm, rl): policy loading
-with optional LoRA, the reference policy, optimisers and schedules, and atomic checkpoints
-with everything needed for an exact resume.
+"""Shared training plumbing for every loop (online, sft, self-reward, rm, rl), kept here once so
+that loops stay short and a fix lands everywhere at once. The names the loops and commands use
+are re-exported below; modules inside this package import from the defining module.
 
-Kept here once so that loops stay short and a fix lands everywhere at once.
+* ``checkpoints`` -- atomic checkpoints with everything an exact resume needs, and the final model; no pickle.
+* ``guards`` -- a non-finite loss stops the run, single-process refusal of ``WORLD_SIZE > 1``, fault points.
+* ``model`` -- the ``model:`` sections, loading the policy (new or continued LoRA), the reference pi_0.
+* ``optim`` -- the ``optim:`` section: AdamW or Adafactor, warm-up then constant / linear / cosine.
+* ``dap`` -- the direct-alignment update: pairs -> policy / reference log-probs -> DPO / IPO / SLiC loss.
+* ``dap_step`` -- one ``pofe online`` step (OAIF Algorithm 1, step 4) and its metrics row.
+* ``rl`` -- policy-gradient pieces of ``pofe rl``: RLOO / GRPO baselines, KL estimators, the loss.
+* ``rl_step`` -- one ``pofe rl`` step (sample -> score -> update) and the held-out measurement.
+* ``rm_step`` -- one ``pofe rm`` step (Bradley-Terry loss against the soft target) and the batch order.
+* ``sft_step`` -- one ``pofe sft`` step: chat-templated examples, response-only NLL.
+* ``rewards`` -- ``pofe rl``'s reward sources: programmatic, reward model, pointwise judge, tournament.
+* ``pair_sources`` -- where ``pofe online``'s pairs come from, one source per mode, and the engine sync.
+* ``annotator`` -- ``pofe online``'s annotator and evaluation judge, and whether they share pi_0's weights.
+* ``prefetch`` -- ``mode: async``: the next step's samples and feedback made in a background thread.
+* ``tracking`` -- ``metrics.jsonl``, TensorBoard / W&B / MLflow sinks, the progress bar (``log:``).
+* ``metrics`` -- per-step metrics of the DAP loops (TRL's names) and the end-of-run summary.
+* ``ledger`` -- ``ledger.jsonl``: every annotation a run trained on or skipped, every trained pair's loss.
+* ``precision`` -- bf16 autocast compute with fp32 master weights and optimiser state.
+* ``parallel`` -- data parallelism (accelerate): gathers, sums, a weights digest, the per-step seed.
+* ``allocator`` -- glibc malloc tuned so that a step reuses its large buffers instead of re-mapping them.
+* ``tournament`` -- pairwise tournament rewards: a prompt's samples compared by a pairwise judge.
+* ``stages`` -- helpers for multi-stage loops: stage seeds, atomic JSON, freeing a model, a stage clock.
+* ``self_reward_stages`` -- the stages of ``pofe self-reward`` and the chain M1 -> M_T they form.
+* ``online_pairs`` -- online pairs: sample, judge both orders, and turn verdicts into pairs.
+* ``reward_model`` -- a causal LM with a scalar head: scoring, loading, held-out margins (rm, rl, judge).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import math
-from typing import Any, Iterator, Literal
-
-import torch
-from pydantic import Field, model_validator
-
-from pofe.config import NonNegativeFloat, NonNegativeInt, PofeConfig, PositiveFloat, PositiveInt
-from pofe.models import DEFAULT_MODEL, load_model
 from pofe.training.checkpoints import (CheckpointError, final_complete, latest_checkpoint, load_checkpoint,
-                                       prune_checkpoints, rng_state, save_checkpoint, save_final, seed_everything,
-                                       set_rng_state)
-from pofe.training.guards import (MultiProcessRefused, NonFiniteLoss, check_finite, fault_point,
-                                  require_single_process, world_size)
+                                       prune_checkpoints, save_checkpoint, save_final, seed_everything)
+from pofe.training.guards import MultiProcessRefused, NonFiniteLoss, check_finite, fault_point
+from pofe.training.model import DeviceConfig, LoadConfig, LoraSettings, ModelConfig, Reference, apply_lora, load_policy
+from pofe.training.optim import OptimConfig, make_optimizer, make_scheduler
 
 __all__ = [
-    "LoraSettings", "ModelConfig", "OptimConfig", "apply_lora", "load_policy", "Reference", "trainable_parameters",
-    "make_optimizer", "make_scheduler", "CheckpointError", "final_complete", "latest_checkpoint", "load_checkpoint",
-    "prune_checkpoints", "rng_state", "save_checkpoint", "save_final", "seed_everything", "set_rng_state",
-    "MultiProcessRefused", "NonFiniteLoss", "check_finite", "fault_point", "require_single_process", "world_size",
+    "DeviceConfig", "LoadConfig", "LoraSettings", "ModelConfig", "Reference", "apply_lora", "load_policy",
+    "OptimConfig", "make_optimizer", "make_scheduler", "CheckpointError", "final_complete", "latest_checkpoint",
+    "load_checkpoint", "prune_checkpoints", "save_checkpoint", "save_final", "seed_everything",
+    "MultiProcessRefused", "NonFiniteLoss", "check_finite", "fault_point",
 ]
-
-
-class LoraSettings(PofeConfig):
-    """LoRA (peft). With LoRA the reference policy is the same weights with the adapter
-    disabled, so no second copy of the model is held in memory."""
-
-    enabled: bool = False
-    r: PositiveInt = 16
-    """Adapter rank (>= 1)."""
-    alpha: PositiveFloat = 32
-    """Scaling numerator: the update is scaled by alpha / r."""
-    dropout: float = Field(0.0, ge=0, lt=1)
-    """Dropout on the adapter input, in [0, 1)."""
-    target_modules: list[str] | str = "all-linear"
-    """Module names to adapt, or ``all-linear``."""
-
-
-class DeviceConfig(PofeConfig):
-    """Where and in what dtype a model runs (``model:`` of commands whose models are named
-    elsewhere, e.g. ``pofe eval``'s policies)."""
-
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    """auto = CUDA when present, then MPS, else CPU."""
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    """Weights dtype (bfloat16 on GPUs; float32 is the safe CPU default)."""
-
-
-class LoadConfig(DeviceConfig):
-    """A model used without training it (``pofe chat``)."""
-
-    name: str = DEFAULT_MODEL
-    """Embedded name, Hugging Face id or local directory (a saved ``adapter/`` folder works too)."""
-    trust_remote_code: bool = False
-    """Only enabled when asked: remote code runs arbitrary Python."""
-
-
-class ModelConfig(LoadConfig):
-    """The policy (or any trained model)."""
-
-    gradient_checkpointing: bool = False
-    """Trades compute for memory; off by default (it costs ~3x per step on CPU)."""
-    lora: LoraSettings = LoraSettings()
-    """A new LoRA adapter on ``name`` (reference = the same weights with the adapter disabled)."""
-    adapter: str | None = None
-    """Continue training an existing LoRA adapter folder (e.g. ``runs/sft-1/final/adapter``) on
-    ``name``; the reference is the starting policy, base + this adapter (a frozen copy)."""
-
-    @model_validator(mode="after")
-    def _adapter_or_new_lora(self):
-        if self.adapter is not None and self.lora.enabled:
-            raise ValueError("model.adapter continues an existing adapter; model.lora.enabled would add a second, "
-                             "new one (set one of them)")
-        return self
-
-
-class OptimConfig(PofeConfig):
-    """Optimiser and schedule (OAIF Sec. 4.1: Adafactor, lr 5e-7, 150 warm-up steps)."""
-
-    name: Literal["adamw", "adafactor"] = "adamw"
-    """Optimiser."""
-    lr: PositiveFloat = 5e-7
-    """Peak learning rate (> 0)."""
-    warmup_steps: NonNegativeInt = 150
-    """Linear warm-up steps (>= 0)."""
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """After warm-up: constant (OAIF), or linear / cosine decay to ``min_lr_ratio * lr``."""
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    """Floor of the decay as a fraction of lr, in [0, 1]."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Decoupled weight decay (>= 0)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam moment coefficients, each in [0, 1)."""
-    grad_clip: PositiveFloat | None = 1.0
-    """Max global grad norm (> 0); null disables clipping."""
-
-    @model_validator(mode="after")
-    def _betas_in_range(self):
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas must each be in [0, 1), got {list(self.betas)}")
-        return self
-
-
-def apply_lora(model, lora: LoraSettings):
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
-
-
-def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
-    """Load the policy on ``cfg.device`` (or wrap a given in-memory ``model``); apply a new
-    LoRA adapter when enabled, or continue the existing ``cfg.adapter`` (trainable)."""
-    if model is None:
-        model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    if cfg.adapter is not None:
-        from pofe.models import load_adapter
-
-        model = load_adapter(model, cfg.adapter, trainable=True)
-    elif cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora)
-    return model, tokenizer
-
-
-class Reference:
-    """The reference policy pi_0 (OAIF: the initial policy).
-
-    With LoRA: the policy itself with its adapter disabled (no copy). Full fine-tuning: a
-    frozen deep copy made before the first update.
-    """
-
-    def __init__(self, policy, *, lora: bool):
-        self.lora = lora
-        self._frozen = None
-        if not lora:
-            self._frozen = copy.deepcopy(policy)
-            self._frozen.eval()
-            for p in self._frozen.parameters():
-                p.requires_grad_(False)
-        self._policy = policy
-
-    @property
-    def module(self):
-        """The module that computes pi_0 (e.g. to share with an annotator of the same weights).
-        With LoRA it is the policy itself: call it only inside :meth:`model`."""
-        return self._policy if self.lora else self._frozen
-
-    def linear_weights_to(self, dtype: torch.dtype) -> int:
-        """Keep the frozen copy's Linear weights in ``dtype`` (bf16 when every reference pass runs
-        under bf16 autocast); returns how many tensors changed.
-
-        Why: autocast rounds each fp32 weight to bf16 at every call, so the outputs are
-        bit-identical, while each pass skips a cast of the weights (two per step with the
-        shared-prompt pass) and the fp32 copy no longer takes memory (SmolLM2-135M: 0.2 GB).
-        Embeddings, norms and a Linear tied to an embedding (the LM head) stay fp32, as autocast
-        computes them in fp32. Only for a frozen copy: a LoRA reference is the policy itself."""
-        if self.lora:
-            raise ValueError("a LoRA reference is the trained policy itself: its weights keep their dtype")
-        tied = {id(m.weight) for m in self._frozen.modules() if isinstance(m, torch.nn.Embedding)}
-        n = 0
-        for m in self._frozen.modules():
-            if isinstance(m, torch.nn.Linear) and id(m.weight) not in tied:
-                for p in (m.weight, m.bias):
-                    if p is not None and p.dtype != dtype:
-                        p.data = p.data.to(dtype)
-                        n += 1
-        return n
-
-    @contextlib.contextmanager
-    def model(self) -> Iterator[Any]:
-        """Yield a module computing reference outputs (no grad)."""
-        if self.lora:
-            was_training = self._policy.training
-            self._policy.eval()
-            with torch.no_grad(), self._policy.disable_adapter():
-                yield self._policy
-            if was_training:
-                self._policy.train()
-        else:
-            with torch.no_grad():
-                yield self._frozen
-
-
-def trainable_parameters(model) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def _bump_versions(opt, args, kwargs) -> None:
-    torch.autograd.graph.increment_version([p for g in opt.param_groups for p in g["params"]])
-
-
-def make_optimizer(model, cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = trainable_parameters(model)
-    if cfg.name == "adamw":
-        # fused: one kernel over all tensors instead of a Python loop of ops per tensor. Same update up
-        # to float rounding (tests/training/test_training_online.py::test_fused_adamw_equals_the_per_tensor_update); on
-        # this CPU a 128M-parameter step takes 0.034 s vs 0.245 s unfused (benchmarks/online-notes.md).
-        fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
-        if fused:
-            # The fused kernel writes the parameters without bumping their version counters, which
-            # is how an engine tells that the policy changed since its last sync
-            # (pofe.generation.vllm.fingerprint): without this, a vLLM engine kept sampling the old
-            # weights (tests/generation/test_vllm_online.py caught it).
-            opt.register_step_post_hook(_bump_versions)
-        return opt
-    from transformers.optimization import Adafactor
-
-    # relative_step=False so the configured lr is used (the paper sets lr explicitly).
-    return Adafactor(params, lr=cfg.lr, relative_step=False, scale_parameter=False, warmup_init=False,
-                     weight_decay=cfg.weight_decay)
-
-
-def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    warm = max(0, cfg.warmup_steps)
-
-    def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if cfg.schedule == "constant" or total_steps <= warm:
-            return 1.0
-        frac = min(1.0, (step - warm) / max(1, total_steps - warm))
-        lo = cfg.min_lr_ratio
-        if cfg.schedule == "linear":
-            return lo + (1 - lo) * (1 - frac)
-        return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * frac))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training import ModelConfig
+from pofe.training.model import ModelConfig
 
 
 def rm_text(tokenizer, prompt: str | Sequence[dict[str, str]], response: str) -> str:

@@ -32,9 +32,9 @@ from pofe.generation.self_instruct import completion_fn, generate_prompts
 from pofe.judges.base import Capability, has_capability
 from pofe.judges.registry import build_shared_judge
 from pofe.runs import RunConfig, RunError, read_jsonl
-from pofe.training import ModelConfig
 from pofe.training.checkpoints import final_complete
 from pofe.training.guards import fault_point
+from pofe.training.model import ModelConfig
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
 from pofe.training.tracking import LogConfig
 
@@ -59,7 +59,8 @@ def load_stage_model(name: str, cfg):
 
 def checkpoint_policy(cfg, prev_model: str, ckpt: Path | None, final: Path):
     """The model of a DPO checkpoint (``None`` = the final one)."""
-    from pofe.training import load_checkpoint, load_policy
+    from pofe.training.checkpoints import load_checkpoint
+    from pofe.training.model import load_policy
 
     if ckpt is None:
         return load_stage_model(str(final), cfg)

@@ -18,7 +18,8 @@ import torch
 from pofe.logprobs import build_batch, token_logprobs
 from pofe.models import apply_chat_template
 from pofe.records import SFTExample
-from pofe.training import check_finite, trainable_parameters
+from pofe.training.guards import check_finite
+from pofe.training.optim import trainable_parameters
 from pofe.training.precision import Precision, autocast
 
 
