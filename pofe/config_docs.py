@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
     "cai revise": "pofe.loops.cai_revise:CaiReviseConfig",
     "cai refusal": "pofe.loops.cai_refusal:RefusalEvalConfig",
     "judge": "pofe.loops.judge:JudgeCommandConfig",
-    "audit": "pofe.evaluation.audit:AuditConfig",
+    "audit": "pofe.evaluation.audit.config:AuditConfig",
     "eval": "pofe.evaluation.eval:EvalConfig",
     "annotate": "pofe.annotate.server:AnnotateConfig",
     "sim": "pofe.evaluation.sim:SimConfig",
