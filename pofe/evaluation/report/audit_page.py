@@ -1,0 +1,158 @@
+"""The audit's own HTML page (:func:`audit_html`, written by ``pofe audit``): metrics with their
+intervals, checks, per-source and per-principle agreement, contrast probes, the reliability
+diagram and the length plot. ``pofe report`` of an audit folder embeds it below its plots."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from typing import Any
+
+from pofe.evaluation.report.figures import _figure, _png, _yerr
+
+# The style of both pages, this one and the run report (page.py).
+_CSS = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em;color:#222}
+figure{margin:1.5em 0}img{max-width:100%;border:1px solid #ddd}figcaption{color:#555;font-size:.9em}
+table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:.2em .6em;text-align:left;font-size:.9em;vertical-align:top}
+pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:.8em;white-space:pre-wrap}
+.flag{background:#fff3cd;border:1px solid #e0c060;padding:.4em .8em;margin:.3em 0}"""
+
+
+def reliability_png(cal: dict[str, Any]) -> bytes | None:
+    """Reliability diagram: per bin of the judge's p, the share of human "A" labels (Wilson
+    95% bars), raw and after the fitted calibration map; the diagonal is perfect calibration."""
+    rows = [r for r in cal.get("reliability") or [] if r["n"]]
+    if not rows:
+        return None
+    fig, ax = _figure()
+    ax.plot([0, 1], [0, 1], color="grey", ls="--", lw=1, label="perfectly calibrated")
+    xs = [r["mean_p"] for r in rows]
+    ys = [r["frac_human_a"] for r in rows]
+    ax.errorbar(xs, ys, yerr=_yerr(ys, [r["frac_human_a_ci95"] for r in rows]), fmt="o-", capsize=3,
+                label=f"judge p (ECE {cal['ece']:.3f})")
+    after = [r for r in cal.get("calibrated_reliability") or [] if r["n"]]
+    if after:
+        m = cal.get("map") or {}
+        what = f"T = {m['temperature']:.2f}" if m.get("method") == "temperature" else m.get("method", "")
+        held = ((cal.get("held_out") or {}).get(m.get("method", "")) or {}).get("ece")
+        ax.errorbar([r["mean_p"] for r in after], [r["frac_human_a"] for r in after],
+                    yerr=_yerr([r["frac_human_a"] for r in after], [r["frac_human_a_ci95"] for r in after]),
+                    fmt="s-", capsize=3, alpha=0.8,
+                    label=f"calibrated ({what}; held-out ECE {held:.3f})" if held is not None else f"calibrated ({what})")
+    for x, y, r in zip(xs, ys, rows):
+        ax.annotate(f"n={r['n']}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("judge p = P(A better), binned")
+    ax.set_ylabel("share of human labels 'A'")
+    ax.set_title(f"Reliability diagram ({cal['n']} human-labelled pairs)")
+    ax.legend(fontsize=8, loc="upper left")
+    return _png(fig)
+
+
+def length_curve_png(curve: list[dict[str, Any]], unit: str) -> bytes | None:
+    if not curve:
+        return None
+    fig, ax = _figure()
+    xs = [c["dlen_mean"] for c in curve]
+    for key, label in (("judge_a", "judge chose A"), ("human_a", "humans chose A")):
+        ys = [c[key] for c in curve]
+        ax.errorbar(xs, ys, yerr=_yerr(ys, [c[key + "_ci95"] for c in curve]), fmt="o-", capsize=3, label=label)
+    for x, c in zip(xs, curve):
+        ax.annotate(f"n={c['n']}", (x, 0.02), fontsize=7, ha="center")
+    ax.axhline(0.5, color="grey", ls="--", lw=1)
+    ax.axvline(0, color="grey", ls=":", lw=1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(f"len(A) - len(B) ({unit}), mean of each quantile bin")
+    ax.set_ylabel("share choosing A (Wilson 95%)")
+    ax.set_title("Length preference: judge vs humans")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _fmt_ci(v, ci) -> str:
+    if v is None:
+        return "-"
+    if not ci or ci[0] is None:
+        return f"{v:.3f}"
+    return f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+_AUDIT_ROWS = [
+    ("agreement with humans", "agreement"), ("bias (1 - modal agreement)", "bias"), ("variance across seeds", "variance"),
+    ("P(prefers longer)", "p_prefers_longer"), ("P(prefers lists)", "p_prefers_lists"),
+    ("P(prefers first)", "p_prefers_first"), ("position consistency", "position_consistency"),
+    ("accuracy, order A-B", "accuracy_order_ab"), ("accuracy, order B-A", "accuracy_order_ba"),
+    ("both orders correct", "both_orders_correct"), ("Cohen's kappa", "cohen_kappa"),
+    ("parse failure rate", "parse_failure_rate"),
+]
+
+
+def audit_html(report: dict[str, Any]) -> str:
+    """One offline page for an audit report: metrics with intervals, checks, per-source and
+    per-principle agreement, contrast probes, the reliability diagram and the length plot."""
+    m = report.get("metrics") or {}
+    ci = m.get("ci95") or {}
+    cal = m.get("calibration") or {}
+    unit = (report.get("calibration") or {}).get("length_unit", "chars")
+    title = f"pofe audit: {report.get('judge')}"
+    parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+             f"<p><b>{'PASSED' if report.get('passed') else 'FAILED'}</b> on {m.get('n')} calibration pairs "
+             f"({m.get('n_parsed')} parsed, {m.get('n_labelled')} with a human A/B label); calibration set sha256 "
+             f"<code>{html.escape(str((report.get('calibration') or {}).get('sha256', '?'))[:16])}</code>; "
+             f"lengths in {html.escape(unit)}.</p>"]
+    parts.append("<h2>Metrics (95% intervals: Wilson for rates, bootstrap for kappa)</h2><table>"
+                 "<tr><th>metric</th><th>value [95% CI]</th></tr>")
+    for label, key in _AUDIT_ROWS:
+        parts.append(f"<tr><td>{html.escape(label)}</td><td>{_fmt_ci(m.get(key), ci.get(key))}</td></tr>")
+    hh = m.get("human_human") or {}
+    if hh.get("n_label_pairs"):
+        parts.append(f"<tr><td>human-human agreement ({hh['n_pairs_multi']} pairs)</td>"
+                     f"<td>{_fmt_ci(hh['agreement'], hh['ci95'])}</td></tr>")
+    if cal.get("ece") is not None:
+        held = cal.get("held_out") or {}
+        parts.append(f"<tr><td>ECE / Brier (raw)</td><td>{cal['ece']:.3f} / {cal['brier']:.3f}</td></tr>")
+        for k, v in held.items():
+            parts.append(f"<tr><td>held-out ECE / Brier ({html.escape(k)})</td><td>{v['ece']:.3f} / {v['brier']:.3f}</td></tr>")
+    parts.append("</table>")
+    parts.append("<h2>Checks</h2><table><tr><th>check</th><th>value</th><th>threshold</th><th></th></tr>")
+    for name, c in (report.get("checks") or {}).items():
+        v = c.get("value")
+        parts.append(f"<tr><td>{html.escape(name)}</td><td>{'-' if v is None else f'{v:.3f}'}</td>"
+                     f"<td>{c.get('op')} {c.get('threshold')}</td><td>{'pass' if c.get('passed') else '<b>FAIL</b>'}</td></tr>")
+    parts.append("</table>")
+    for title_, png in (("Reliability diagram", reliability_png(cal)), ("Length preference", length_curve_png(m.get("length_curve") or [], unit))):
+        if png is not None:
+            b64 = base64.b64encode(png).decode("ascii")
+            parts.append(f"<figure><h2>{title_}</h2><img alt='{title_}' src='data:image/png;base64,{b64}'></figure>")
+    if m.get("by_source"):
+        parts.append("<h2>By source</h2><table><tr><th>source</th><th>n</th><th>agreement [95% CI]</th>"
+                     "<th>position consistency</th></tr>")
+        for src, r in m["by_source"].items():
+            pc = r.get("position_consistency")
+            parts.append(f"<tr><td>{html.escape(src)}</td><td>{r['n']}</td><td>{_fmt_ci(r.get('agreement'), r.get('agreement_ci95'))}</td>"
+                         f"<td>{'-' if pc is None else f'{pc:.3f}'}</td></tr>")
+        parts.append("</table>")
+    if m.get("by_principle"):
+        parts.append("<h2>By constitution principle</h2><table><tr><th>principle</th><th>n</th>"
+                     "<th>agreement [95% CI]</th><th>other principles</th><th>flag</th></tr>")
+        for pid, r in m["by_principle"].items():
+            oa = r["others_agreement"]
+            parts.append(f"<tr><td>{html.escape(pid)}</td><td>{r['n']}</td><td>{_fmt_ci(r['agreement'], r['ci95'])}</td>"
+                         f"<td>{'-' if oa is None else f'{oa:.3f}'}</td>"
+                         f"<td>{'<b>disagrees more than the others</b>' if r['flagged'] else ''}</td></tr>")
+        parts.append("</table>")
+    if m.get("contrasts"):
+        parts.append("<h2>Contrast probes</h2><table><tr><th>probe</th><th>n</th><th>mean P(variant better)</th>"
+                     "<th>variant win rate [95% CI]</th></tr>")
+        for kind, c in m["contrasts"].items():
+            mp = c.get("mean_p_variant")
+            parts.append(f"<tr><td>{html.escape(kind)}</td><td>{c['n']}</td><td>{'-' if mp is None else f'{mp:.3f}'}</td>"
+                         f"<td>{_fmt_ci(c.get('variant_win_rate'), c.get('variant_win_rate_ci95'))}</td></tr>")
+        parts.append("</table>")
+    ident = report.get("judge_identity") or {}
+    parts.append("<h2>Judge identity</h2><pre>" + html.escape(json.dumps(ident, indent=2, default=str)) + "</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
