@@ -1,9 +1,9 @@
 """The invariant harness: run a ``pofe`` training command as a real process, optionally
 SIGKILLed at a fault point, and compare what two runs wrote.
 
-``pofe`` runs the way a user runs it (``python -m pofe.cli.main <cmd> --config C.yaml``), with
-one CPU thread (so two runs do the same arithmetic in the same order: the basis of the
-bit-identical claims) and no hub. A kill uses the loops' own fault points
+``pofe`` runs the way a user runs it (``python -m pofe <cmd> --config C.yaml``, through
+``tests/_cli.py``), with one CPU thread (so two runs do the same arithmetic in the same order:
+the basis of the bit-identical claims) and no hub. A kill uses the loops' own fault points
 (``POFE_FAULT=<point>``: ``pofe.training.fault_point`` sends SIGKILL to the process at that
 line, no cleanup).
 """
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
+from _cli import pofe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,24 +28,15 @@ class Result(NamedTuple):
     run_dir: Path
 
 
-def _env(fault: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "POFE_FAULT"}
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", "")})
-    if fault is not None:
-        env["POFE_FAULT"] = fault
-    return env
-
-
 def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, resume: Path | None = None,
              fault: str | None = None, timeout: float = 300) -> Result:
-    """``python -m pofe.cli.main *argv`` with ``config`` (written next to its run folder and
+    """``python -m pofe *argv`` with ``config`` (written next to its run folder and
     passed as ``--config``) or ``--resume RUN_DIR``; ``fault``: the ``POFE_FAULT`` point at
     which the process SIGKILLs itself. Returns (rc, stdout, stderr, run_dir); rc is -9 for a
     killed run."""
     if (config is None) == (resume is None):
         raise ValueError("run_pofe: give config or resume")
-    args = [sys.executable, "-m", "pofe.cli.main", *argv]
+    args = list(argv)
     if config is not None:
         run_dir = Path(config["run"]["output_dir"]) / config["run"]["name"]
         path = run_dir.parent / f"{run_dir.name}.yaml"
@@ -56,7 +45,7 @@ def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, r
     else:
         run_dir = Path(resume)
         args += ["--resume", str(run_dir)]
-    p = subprocess.run(args, cwd=REPO, env=_env(fault), capture_output=True, text=True, timeout=timeout)
+    p = pofe(*args, timeout=timeout, **({} if fault is None else {"POFE_FAULT": fault}))
     return Result(p.returncode, p.stdout, p.stderr, run_dir)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _cli import pofe
 from pofe import plugins
 from pofe.config import ConfigError, load_config
 
@@ -65,11 +66,8 @@ def _fake_dist(root: Path, name: str, entry_points: str, module: str | None = No
 
 
 def _pofe(*args: str, path: tuple[Path, ...] = (), cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("POFE_FAULT", "PYTHONPATH")}
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, path)])})
-    return subprocess.run([sys.executable, "-m", "pofe", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    """pofe with only pofe and the plugin folders ``path`` importable (not the caller's PYTHONPATH)."""
+    return pofe(*args, cwd=cwd, PYTHONPATH=os.pathsep.join([str(REPO), *map(str, path)]))
 
 
 def _sets(*sets: str) -> list[str]:

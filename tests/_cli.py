@@ -1,5 +1,6 @@
 """Running ``pofe`` as a real subprocess (the installed entry point's behaviour: exit status,
-stderr lines, SIGKILL) with one CPU thread and no hub."""
+stderr lines, SIGKILL) with one CPU thread and no hub: the one such helper of the test suite
+(the fault suite, the invariant harness and the plugin tests use it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -19,8 +20,11 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def pofe(*args: str, timeout: float = 300, prefix: tuple[str, ...] = (), **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, sys.executable, "-m", "pofe", *args], cwd=REPO, env=env(**extra),
+def pofe(*args: str, timeout: float = 300, prefix: tuple[str, ...] = (), cwd: Path = REPO,
+         **extra: str) -> subprocess.CompletedProcess:
+    """``python -m pofe *args`` (after ``prefix``, e.g. a torchrun launcher); ``extra``: more
+    environment variables (``POFE_FAULT=...``, ``PYTHONPATH=...`` replaces the default)."""
+    return subprocess.run([*prefix, sys.executable, "-m", "pofe", *args], cwd=cwd, env=env(**extra),
                           capture_output=True, text=True, timeout=timeout)
 
 
