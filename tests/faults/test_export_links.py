@@ -1,10 +1,10 @@
 """pofe export of a run folder: a planted link in the folder is refused, never read."""
 
 import json
-import sys
-from pathlib import Path
-sys.path.insert(0, "/work/main/tests/faults")
+
 from _cli import invoke
+
+
 def test_export_of_a_run_folder_never_reads_a_planted_link(tmp_path):
     secret = tmp_path / "secret.jsonl"
     secret.write_text(json.dumps({"prompt": "P", "chosen": "a", "rejected": "b"}) + "\n")
