@@ -58,12 +58,21 @@ def _section(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _members(annotation: Any) -> list[Any]:
+    """Every type inside ``annotation`` (Optional, Union and Annotated unwrapped)."""
+    args = typing.get_args(annotation)
+    return [annotation] if not args else [m for a in args for m in _members(a)]
+
+
 def _type_name(annotation: Any) -> str:
-    # The judge union is a discriminated union of Tag-ged configs whose repr carries validator
+    from pofe.judges.config import _JudgeKind
+
+    # The judge union is a discriminated union of the kinds' configs whose repr carries validator
     # function addresses (different on every run): name it by what a user writes instead.
-    if "Tag(tag='length')" in str(annotation):
+    members = _members(annotation)
+    if any(isinstance(m, type) and issubclass(m, _JudgeKind) for m in members):
         kind = "judge (a section with `kind`: one of the judge kinds)"
-        return f"{kind} or null" if "NoneType" in str(annotation) or str(annotation).startswith("typing.Optional") else kind
+        return f"{kind} or null" if type(None) in members else kind
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
     for noise in ("pofe.judges.config.", "pofe.generation.sampling.", "Annotated[", "pathlib."):
