@@ -75,6 +75,13 @@ class RunContext:
     def world(self) -> int:
         return 1 if self.acc is None else self.acc.num_processes
 
+    @property
+    def dp(self):
+        """This process's :class:`pofe.training.parallel.DataParallel` (shards, sums, gradient all-reduce)."""
+        from pofe.training.parallel import DataParallel
+
+        return DataParallel(self.acc)
+
     def wait(self) -> None:
         if self.acc is not None:
             self.acc.wait_for_everyone()
@@ -96,7 +103,8 @@ class Recipe:
     resumable: ClassVar[bool] = True
     """False: no checkpoints (a command whose output is redone whole, e.g. ``pofe judge``)."""
     data_parallel: ClassVar[bool] = False
-    """True: the driver builds an accelerator (``model.device``) and only rank 0 writes the run folder."""
+    """True: the driver builds an accelerator (``model.device``), only rank 0 writes the run folder,
+    and the recipe shards each step over ``run.dp`` (False: ``WORLD_SIZE > 1`` is refused)."""
 
     model: Any = None
     tokenizer: Any = None
@@ -242,17 +250,21 @@ def _accelerator(recipe: Recipe):
         return None
     from pofe.training.parallel import make_accelerator
 
-    return make_accelerator(recipe.cfg.model.device, command=f"pofe {recipe.command}")
+    model = getattr(recipe.cfg, "model", None)  # labelling commands have no policy: the device is auto
+    return make_accelerator(getattr(model, "device", "auto"), command=f"pofe {recipe.command}")
 
 
 def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:
     cfg = recipe.cfg
+    main = acc is None or acc.is_main_process
     if run_dir is not None:  # a stage of a larger run (self-reward's SFT and DPO): its folder is given
         path = Path(run_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        write_config(path, cfg)
+        if main:
+            path.mkdir(parents=True, exist_ok=True)
+            write_config(path, cfg)
+        if acc is not None:
+            acc.wait_for_everyone()
         return path
-    main = acc is None or acc.is_main_process
     path = open_run(cfg.run, recipe.command, resume=resume) if main else None
     if acc is not None and acc.num_processes > 1:
         from pofe.training.parallel import gather
@@ -262,6 +274,20 @@ def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:
     if resume is None and main:
         write_config(path, cfg)
     return path
+
+
+def _processes(run: RunContext, recipe: Recipe) -> dict[str, Any]:
+    """How many processes ran, and with several, whether they ended with the same weights
+    (gradients are all-reduced: a difference is a bug, logged as an error). A collective: every
+    process calls it."""
+    if run.acc is None:
+        return {}
+    out: dict[str, Any] = {"processes": run.world}
+    if run.world > 1 and recipe.model is not None:
+        from pofe.training.parallel import weights_identical
+
+        out["weights_identical_across_processes"] = weights_identical(run.acc, recipe.unwrapped())
+    return out
 
 
 def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: str | Path | None = None,
@@ -333,7 +359,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     history = read_jsonl(run.dir / "metrics.jsonl") if (run.dir / "metrics.jsonl").exists() else []
     summary = {"command": recipe.command, "run_dir": str(run.dir), "final_model": str(out) if out else None,
                "steps": total, "steps_run": step - run.start, "resumed_from": run.start if resume is not None or run.start else None,
-               "seconds": round(time.perf_counter() - t0, 2), **recipe.summary(history)}
+               "seconds": round(time.perf_counter() - t0, 2), **_processes(run, recipe), **recipe.summary(history)}
     if run.main:
         atomic_write_text(run.dir / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary

@@ -28,6 +28,15 @@ def pofe(*args: str, timeout: float = 300, prefix: tuple[str, ...] = (), cwd: Pa
                           capture_output=True, text=True, timeout=timeout)
 
 
+def torchrun(*args: str, nproc: int = 2, launcher: tuple[str, ...] = ("--standalone",), timeout: float = 600,
+             **extra: str) -> subprocess.CompletedProcess:
+    """``torchrun <launcher> --nproc_per_node N -m pofe *args`` (CPU processes on gloo); ``launcher``:
+    e.g. ``--nnodes 2 --node_rank 1 --master_addr ...`` for one "node" of a multi-node run."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *launcher, "--nproc_per_node", str(nproc),
+                           "-m", "pofe", *args], cwd=REPO, env=env(**extra), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def error_lines(res: subprocess.CompletedProcess) -> list[str]:
     """Non-empty stderr lines that are not log lines (``HH:MM:SS LEVEL name: ...``) or progress bars."""
     import re

@@ -270,7 +270,7 @@ class OnlineRecipe(Recipe):
         from pofe.training.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
-        return online_summary(history, self.cfg, acc=self.run.acc, model=self.model, beta=self.beta, judge=judge,
+        return online_summary(history, self.cfg, beta=self.beta, judge=judge,
                               engine=self.engine)
 
     def close(self) -> None:

@@ -70,7 +70,7 @@ class RLTrainConfig(PofeConfig):
     steps: int = Field(20, ge=1)
     """Optimiser steps."""
     batch_size: int = Field(4, ge=1)
-    """Prompts per step."""
+    """Prompts per step per process."""
     group_size: int = Field(4, ge=2)
     """Samples per prompt (k); the group is the baseline."""
     micro_batch: int = Field(16, ge=1)
@@ -156,6 +156,7 @@ class RLRecipe(Recipe):
     """setup -> one rl_step per step -> held-out measurement and ``final/`` (:mod:`pofe.recipe`)."""
 
     command = "rl"
+    data_parallel = True
     show = (("objective/scores", "reward", "{:.3f}"), ("objective/kl", "kl", "{:.3f}"), ("length", "len", "{:.1f}"))
 
     def __init__(self, cfg: RLConfig, *, policy=None, tokenizer=None, reward_fn: RewardFn | None = None, judge=None):
@@ -180,8 +181,11 @@ class RLRecipe(Recipe):
     def setup(self, run: RunContext) -> None:
         from pofe.training import Reference, load_policy, make_optimizer, make_scheduler
 
-        cfg = self.cfg
+        cfg, self.dp = self.cfg, run.dp
+        if len(self.train_prompts) < run.world:
+            raise DataError(f"rl: {len(self.train_prompts)} training prompts for {run.world} processes")
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)
+        self.model.to(run.acc.device)
         self.ref = Reference(self.model, lora=cfg.model.lora.enabled)
         tokens = cfg.sampling.max_new_tokens
         self.reward_fn = self.reward_fn or build_reward(cfg.reward, max_new_tokens=tokens, judge=self._judge)
@@ -203,9 +207,12 @@ class RLRecipe(Recipe):
 
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        batch = batch_for_step(self.train_prompts, cfg.train.batch_size, cfg.seed, step)
+        dp = self.dp  # train.batch_size prompts per process, each process its block of the step's
+        batch = dp.shard(batch_for_step(self.train_prompts, cfg.train.batch_size * dp.world, cfg.seed, step))
+        # rank 0 keeps the one-process seed; the others are offset past any step count, so no two
+        # processes (nor two steps) share a sampling seed
         return rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
-                       seed=cfg.seed * 1000 + step, monitor_fn=self.monitor_fn)
+                       seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"eval_before": self.before}

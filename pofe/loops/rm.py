@@ -69,9 +69,9 @@ class RMTrainConfig(PofeConfig):
     epochs: int = Field(1, ge=1)
     """Passes over the training pairs (each reshuffled)."""
     steps: int | None = Field(None, ge=1)
-    """Stop after this many optimiser steps (default: epochs × ceil(pairs / batch_size))."""
+    """Stop after this many optimiser steps (default: epochs × ceil(pairs / (batch_size × processes)))."""
     batch_size: int = Field(8, ge=1)
-    """Pairs per optimiser step (2 x batch_size sequences per forward)."""
+    """Pairs per optimiser step per process (2 x batch_size sequences per forward)."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
     (AMX CPUs, GPUs; ``pofe.training.precision``)."""
@@ -119,6 +119,7 @@ class RMRecipe(Recipe):
     """pairs -> held-out measurement -> one rm_step per batch -> measurement and ``final/`` (:mod:`pofe.recipe`)."""
 
     command = "rm"
+    data_parallel = True
     show = (("loss", "loss", "{:.3f}"), ("rewards/accuracies", "acc", "{:.2f}"))
 
     def __init__(self, cfg: RMConfig, *, model=None, tokenizer=None):
@@ -128,7 +129,6 @@ class RMRecipe(Recipe):
     def load_data(self) -> None:
         cfg = self.cfg
         self.train, self.eval_pairs, self.sources = load_rm_pairs(cfg.data, cfg.seed)
-        self.schedule = batch_schedule(len(self.train), cfg.train.batch_size, cfg.train.epochs, cfg.seed, cfg.train.steps)
 
     def audit_identity(self):
         from pofe.evaluation.audit import labels_identity
@@ -144,11 +144,16 @@ class RMRecipe(Recipe):
             self.model, self.tokenizer = load_reward_model(cfg.model)
         else:
             self.model = wrap_reward_model(self.model, cfg.model, pad_token_id=self.tokenizer.pad_token_id)
+        self.model.to(run.acc.device)
+        self.dp = run.dp
+        # pairs per step = train.batch_size per process, as in every data-parallel trainer
+        self.schedule = batch_schedule(len(self.train), cfg.train.batch_size * run.world, cfg.train.epochs, cfg.seed,
+                                       cfg.train.steps)
         self.total_steps = len(self.schedule)
         self.optimizer = make_optimizer(self.model, cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.loss_fn = get_rm_loss(cfg.loss)
-        self.steps_per_epoch = math.ceil(len(self.train) / cfg.train.batch_size)
+        self.steps_per_epoch = math.ceil(len(self.train) / (cfg.train.batch_size * run.world))
         self.model.train()
 
     def restore(self, run: RunContext) -> None:
@@ -166,9 +171,9 @@ class RMRecipe(Recipe):
 
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        batch = [self.train[i] for i in self.schedule[step - 1]]
+        batch = [self.train[i] for i in self.dp.shard(self.schedule[step - 1])]  # this process's part of the step
         row = {"epoch": (step - 1) // self.steps_per_epoch,
-               **rm_step(self.model, self.tokenizer, batch, cfg, self.optimizer, self.scheduler, self.loss_fn)}
+               **rm_step(self.model, self.tokenizer, batch, cfg, self.optimizer, self.scheduler, self.loss_fn, self.dp)}
         if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_pairs:
             ev = self.evaluate()
             row.update({"eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"], "eval_ece": ev["ece"],

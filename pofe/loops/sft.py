@@ -57,7 +57,7 @@ class SFTDataConfig(PofeConfig):
 
 
 class SFTTrainSettings(PofeConfig):
-    """Steps and batch sizes. Examples per optimiser step = batch_size x grad_accum (paper: 16);
+    """Steps and batch sizes. Examples per optimiser step = batch_size x grad_accum x processes (paper: 16);
     the loss is the token mean over the whole optimiser batch whatever the split."""
 
     steps: int | None = Field(None, ge=1)
@@ -65,7 +65,7 @@ class SFTTrainSettings(PofeConfig):
     epochs: float = Field(1.0, gt=0)
     """Passes over the data when ``steps`` is None."""
     batch_size: int = Field(4, ge=1)
-    """Examples per forward pass."""
+    """Examples per forward pass (per process)."""
     grad_accum: int = Field(4, ge=1)
     """Forward passes per optimiser step."""
     precision: Precision = "fp32"
@@ -101,6 +101,7 @@ class SFTRecipe(Recipe):
     """examples -> tokenise -> one sft_step per optimiser step -> ``final/`` (:mod:`pofe.recipe`)."""
 
     command = "sft"
+    data_parallel = True
     show = (("loss", "loss", "{:.3f}"),)
 
     def __init__(self, cfg: SFTConfig, *, model=None, tokenizer=None, examples: Sequence[SFTExample] | None = None):
@@ -120,12 +121,13 @@ class SFTRecipe(Recipe):
     def setup(self, run: RunContext) -> None:
         from pofe.training import load_policy, make_optimizer, make_scheduler
 
-        cfg, t = self.cfg, self.cfg.train
+        cfg, t, self.dp = self.cfg, self.cfg.train, run.dp
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)
+        self.model.to(run.acc.device)
         self.data, self.dropped = tokenize_examples(self.tokenizer, self.examples, cfg.data.max_length)
         if not self.data:
             raise DataError(f"sft: no usable examples (dropped: {self.dropped})")
-        per_step = t.batch_size * t.grad_accum
+        per_step = t.batch_size * t.grad_accum * run.world  # per process, as in every data-parallel trainer
         # by epochs, a step never holds one example twice (a data set smaller than a step)
         self.per_step = min(per_step, len(self.data)) if t.steps is None else per_step
         self.total_steps = t.steps if t.steps is not None else max(1, math.ceil(t.epochs * len(self.data) / self.per_step))
@@ -137,10 +139,10 @@ class SFTRecipe(Recipe):
 
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        idx = batch_indices(step - 1, self.per_step, len(self.data), cfg.seed)
-        return sft_step(self.model, [self.data[i] for i in idx], self.optimizer, self.scheduler,
+        idx = batch_indices(step - 1, self.per_step, len(self.data), cfg.seed)  # the whole step's, then this process's
+        return sft_step(self.model, [self.data[i] for i in self.dp.shard(idx)], self.optimizer, self.scheduler,
                         micro_batch=cfg.train.batch_size, pad_token_id=self.pad, precision=cfg.train.precision,
-                        grad_clip=cfg.optim.grad_clip, step=step, detail=f"examples {idx}")
+                        grad_clip=cfg.optim.grad_clip, step=step, detail=f"examples {idx}", dp=self.dp)
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         # from metrics.jsonl, so that a resumed run summarises the whole run

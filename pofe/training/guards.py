@@ -77,7 +77,7 @@ def require_single_process(command: str) -> None:
     n = world_size()
     if n > 1:
         raise MultiProcessRefused(f"pofe {command} does not run data-parallel; it was started with WORLD_SIZE={n} "
-                                  f"(launch it as one process; pofe online runs data-parallel)")
+                                  f"(launch it as one process; the README's 'GPUs and scale' lists the commands that run data-parallel)")
 
 
 def fault_point(name: str) -> None:

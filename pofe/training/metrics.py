@@ -137,21 +137,14 @@ def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | 
     }
 
 
-def online_summary(history: Sequence[dict], cfg, *, acc, model, beta: float, judge: str | None, engine,
-                   ) -> dict[str, Any]:
+def online_summary(history: Sequence[dict], cfg, *, beta: float, judge: str | None, engine) -> dict[str, Any]:
     """``pofe online``'s summary keys: :func:`summarise` of the whole run's rows (its ``steps``
-    left to the driver), the loss and label settings, the engine's syncs, and with several
-    processes whether they ended with the same weights (all-reduced gradients: they must)."""
-    from pofe.training.parallel import weights_identical
-
-    identical = weights_identical(acc, model)  # a collective: every process calls summary()
+    left to the driver), the loss and label settings and the engine's syncs."""
     s = summarise(history, [r for r in history if r.get("winrate_vs_init") is not None or "eval_wins" in r])
     s.pop("steps")
     s.update(mode=cfg.mode, loss=cfg.loss.name, beta=beta, labels=cfg.loss.labels, label_filter=cfg.labels.model_dump(),
-             judge=judge, processes=acc.num_processes, engine=engine.name, engine_syncs=getattr(engine, "syncs", 0),
+             judge=judge, engine=engine.name, engine_syncs=getattr(engine, "syncs", 0),
              engine_sync_seconds=round(getattr(engine, "sync_seconds", 0.0), 3))
-    if identical is not None:
-        s["weights_identical_across_processes"] = identical
     return s
 
 

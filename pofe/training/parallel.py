@@ -1,6 +1,6 @@
 """Data-parallel plumbing shared by the training loops (accelerate): the accelerator, object
-gathering and sums across processes, a weights digest to check that copies agree, and the
-per-step seed.
+gathering and sums across processes, :class:`DataParallel` (a process's shard of a step and the
+gradient all-reduce), a weights digest to check that copies agree, and the per-step seed.
 
 Kept out of the loops so that a loop reads as its recipe (setup -> loop -> save).
 """
@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +86,107 @@ def weights_identical(acc, model) -> bool | None:
     if len(set(digests)) != 1:
         log.error("processes ended with different weights: %s", digests)
     return len(set(digests)) == 1
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's part of a data-parallel step (one process: ``DataParallel()``, every
+    method the identity).
+
+    Every process takes a contiguous block of the step's global batch (:meth:`shard`); the loss
+    is normalised by the *global* count (:meth:`sum`) and the summed gradients are all-reduced
+    (:meth:`all_reduce_grads`) before clipping, so each process holds the gradient of the
+    global-batch loss -- the gradient a single process computes on the whole batch, up to the
+    order of float sums. Per-item results come back in input order (:meth:`cat`).
+
+    Why not DDP's wrapper (as ``pofe online`` uses): it all-reduces inside ``backward`` and
+    needs every process to run the same number of backward passes; shards of uneven size
+    (11 examples on 2 processes) and steps where one process has nothing to train would then
+    hang. One all-reduce after the backward passes has neither constraint."""
+
+    acc: Any = None
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.acc is None else self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return 1 if self.acc is None else self.acc.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        """This process's block of ``n`` items: sizes differ by at most one, blocks in rank order."""
+        q, r = divmod(n, self.world)
+        lo = self.rank * q + min(self.rank, r)
+        return lo, lo + q + (self.rank < r)
+
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This process's contiguous block of ``items`` (concatenated in rank order they are ``items``)."""
+        lo, hi = self.bounds(len(items))
+        return list(items[lo:hi])
+
+    def sum(self, x: float) -> float:
+        """``x`` summed over processes."""
+        return float(x) if self.world == 1 else reduce_sum(self.acc, x)
+
+    def cat(self, values: Sequence[T]) -> list[T]:
+        """Every process's ``values`` concatenated in rank order (picklable items)."""
+        if self.world == 1:
+            return list(values)
+        return [v for part in gather(self.acc, list(values)) for v in part]
+
+    def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum the gradients over processes (one flat buffer per dtype and device). A parameter
+        without a gradient here (a process whose shard was empty) contributes zeros."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        groups: dict[tuple, list[torch.nn.Parameter]] = {}
+        for p in params:
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                groups.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for ps in groups.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in ps])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            at = 0
+            for p in ps:
+                n = p.grad.numel()
+                p.grad.copy_(flat[at:at + n].view_as(p.grad))
+                at += n
+
+    def wait(self) -> None:
+        if self.world > 1:
+            self.acc.wait_for_everyone()
+
+
+def merge_metrics(parts: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+    """One metrics dict from every process's ``(dict, weight)``: counts (ints) summed, rates and
+    means (floats) averaged with the weights (each process's number of items), nested dicts and
+    equal-length lists merged the same way entry by entry, None ignored, anything else taken
+    from the first process."""
+    if len(parts) == 1:
+        return dict(parts[0][0])
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for d, _ in parts for k in d):
+        vals = [(d[key], w) for d, w in parts if d.get(key) is not None]
+        if not vals:
+            out[key] = None
+        elif all(isinstance(v, dict) for v, _ in vals):
+            out[key] = merge_metrics(vals)
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v, _ in vals):
+            out[key] = sum(v for v, _ in vals)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v, _ in vals):
+            total = sum(w for _, w in vals)
+            out[key] = sum(v * w for v, w in vals) / total if total else vals[0][0]
+        elif all(isinstance(v, list) and len(v) == len(vals[0][0]) for v, _ in vals):  # a distribution: per entry
+            out[key] = [merge_metrics([({"x": v[i]}, w) for v, w in vals])["x"] for i in range(len(vals[0][0]))]
+        else:
+            out[key] = vals[0][0]
+    return out

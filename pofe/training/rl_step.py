@@ -11,14 +11,16 @@ from typing import Any
 import torch
 
 from pofe.generation import SamplingConfig
+from pofe.training.parallel import DataParallel, merge_metrics
 from pofe.training.precision import autocast
 from pofe.training.rl import RewardFn, kl_terms, masked_group_advantages, pg_loss, token_logprobs
 
 
 def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: RewardFn, optimizer, scheduler,
-            *, seed: int, monitor_fn: RewardFn | None = None) -> dict[str, Any]:
-    """Sample -> score -> one group-baseline policy-gradient update (``cfg``: the command's RLConfig). Returns
-    the step's metrics."""
+            *, seed: int, monitor_fn: RewardFn | None = None, dp: DataParallel = DataParallel()) -> dict[str, Any]:
+    """Sample -> score -> one group-baseline policy-gradient update (``cfg``: the command's RLConfig) on this
+    process's ``prompts``. A group never spans processes, so its baseline is local; the loss is the
+    mean over every process's sequences. Returns the step's metrics, over all processes."""
     from pofe.generation import generate
 
     k, mb = cfg.train.group_size, cfg.train.micro_batch
@@ -34,6 +36,7 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
     r = torch.tensor([float(v) if v is not None else 0.0 for v in raw])
     pad = tokenizer.pad_token_id
     n = len(comps)
+    n_all = dp.sum(n)
     # Reference log-probs (no grad), then policy log-probs with grad in micro-batches.
     cast = lambda: autocast(cfg.train.precision, next(policy.parameters()).device)  # noqa: E731 (log-probs stay fp32)
     with ref.model() as ref_model, cast():
@@ -64,29 +67,32 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
             kt = kl_terms(plp, rlp, m)
             k1[s:s + len(plp)], k3[s:s + len(plp)] = kt["k1"].detach().cpu(), kt["k3"].detach().cpu()
             loss = loss + cfg.beta * kt["k3"] / m.sum(-1).clamp(min=1)
-        loss = loss.sum() / n
+        loss = loss.sum() / n_all
         loss.backward()
         loss_sum += float(loss.detach())
+    dp.all_reduce_grads(policy.parameters())
     params = [p for p in policy.parameters() if p.requires_grad]
     gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)) if cfg.optim.grad_clip else None
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
     t3 = time.perf_counter()
+    r, valid, total, k1, k3, ent = (torch.tensor(dp.cat(x.tolist())) for x in (r, valid, total, k1, k3, ent))
     rv = r[valid]
     row = {
-        "loss": loss_sum, "objective/scores": float(rv.mean()) if len(rv) else None,
+        "loss": dp.sum(loss_sum), "objective/scores": float(rv.mean()) if len(rv) else None,
         "objective/scores_std": float(rv.std()) if len(rv) > 1 else 0.0,
         "objective/rlhf_reward": float(total[valid].mean()) if len(rv) else None,
         "objective/kl": float(k1.mean()), "objective/kl_k3": float(k3.mean()), "objective/entropy": float(ent.mean()),
-        "unscored": int((~valid).sum()), "length": sum(c.num_tokens for c in comps) / n,
-        "chars": sum(len(c.text) for c in comps) / n, "finished": sum(c.finished for c in comps) / n,
+        "unscored": int((~valid).sum()), "length": dp.sum(sum(c.num_tokens for c in comps)) / n_all,
+        "chars": dp.sum(sum(len(c.text) for c in comps)) / n_all, "finished": dp.sum(sum(c.finished for c in comps)) / n_all,
         "grad_norm": gn, "learning_rate": lr,
         "seconds": {"generate": round(t1 - t0, 3), "reward": round(t2 - t1, 3), "update": round(t3 - t2, 3)},
     }
     if mon is not None:
-        mv = [v for v in mon if v is not None]
+        mv = [v for v in dp.cat(mon) if v is not None]
         row["monitor"] = sum(mv) / len(mv) if mv else None
+    info = merge_metrics(dp.cat([(info, n)]))  # the reward's own counts summed, its rates weighted by samples
     if info.get("score_distribution"):
         row["judge"] = info["score_distribution"]
     row.update(info.get("metrics") or {})  # the reward's own counts (a tournament's judge calls, unreadable, ties)

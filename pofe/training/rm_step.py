@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
+from pofe.training.parallel import DataParallel
 from pofe.training.precision import autocast
 from pofe.training.reward_model import pair_prompt, rewards
 
@@ -26,29 +27,39 @@ def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int |
     return out[:steps] if steps is not None else out
 
 
-def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, scheduler, loss_fn) -> dict[str, Any]:
+def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, scheduler, loss_fn,
+            dp: DataParallel = DataParallel()) -> dict[str, Any]:
     """One optimiser step of ``loss_fn(Δr, p)`` (the soft Bradley-Terry loss by default, whose
-    per-pair minimiser is Δr = logit(p)); ``cfg`` is ``pofe rm``'s config (``train.precision``,
-    ``max_length``, ``optim.grad_clip``). TRL's metric names."""
+    per-pair minimiser is Δr = logit(p)) on this process's ``batch``, the mean taken over every
+    process's pairs; ``cfg`` is ``pofe rm``'s config (``train.precision``, ``max_length``,
+    ``optim.grad_clip``). TRL's metric names, over the whole step."""
     t0 = time.perf_counter()
-    with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
-        r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
-                    max_length=cfg.max_length)
-    margin = r[: len(batch)] - r[len(batch):]
-    p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
-    loss = loss_fn(margin, p).mean()
+    n = dp.sum(len(batch))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    r = margin = torch.zeros(0)
+    loss_sum = 0.0
+    if batch:  # an uneven last batch can leave a process nothing; it still joins the all-reduce
+        with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
+            r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
+                        max_length=cfg.max_length)
+        margin = r[: len(batch)] - r[len(batch):]
+        p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
+        loss = loss_fn(margin, p).sum() / n
+        loss.backward()
+        loss_sum = float(loss)
+    dp.all_reduce_grads(model.parameters())
     gn = None
     if cfg.optim.grad_clip:
         gn = float(torch.nn.utils.clip_grad_norm_([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip))
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
-    m, r = margin.detach(), r.detach()
+    k = len(batch)
+    chosen, rejected = (torch.tensor(dp.cat(v.detach().cpu().tolist())) for v in (r[:k], r[k:]))
+    m, p = chosen - rejected, torch.tensor(dp.cat([q.p for q in batch]))
     decided = p != 0.5
     agree = ((m > 0) & (p > 0.5)) | ((m < 0) & (p < 0.5))
-    return {"loss": float(loss), "rewards/chosen": float(r[: len(batch)].mean()),
-            "rewards/rejected": float(r[len(batch):].mean()), "rewards/margins": float(m.mean()),
+    return {"loss": dp.sum(loss_sum), "rewards/chosen": float(chosen.mean()),
+            "rewards/rejected": float(rejected.mean()), "rewards/margins": float(m.mean()),
             "rewards/accuracies": float(agree[decided].float().mean()) if decided.any() else None,
             "grad_norm": gn, "learning_rate": lr, "seconds": round(time.perf_counter() - t0, 4)}

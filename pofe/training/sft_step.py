@@ -20,6 +20,7 @@ from pofe.models import apply_chat_template
 from pofe.records import SFTExample
 from pofe.training.guards import check_finite
 from pofe.training.optim import trainable_parameters
+from pofe.training.parallel import DataParallel
 from pofe.training.precision import Precision, autocast
 
 
@@ -79,18 +80,22 @@ def response_nll(model, items: Sequence[Tokenized], pad_token_id: int) -> tuple[
 
 
 def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_batch: int, pad_token_id: int,
-             precision: Precision = "fp32", grad_clip: float | None = None, step: int, detail: str = "") -> dict[str, Any]:
-    """One optimiser step on ``items`` (forward/backward in chunks of ``micro_batch``); returns
-    the step's metrics row. ``step`` (1-based) and ``detail`` name the step in a non-finite-loss error."""
-    n_tok = sum(len(x.response_ids) for x in items)
+             precision: Precision = "fp32", grad_clip: float | None = None, step: int, detail: str = "",
+             dp: DataParallel = DataParallel()) -> dict[str, Any]:
+    """One optimiser step on ``items`` (this process's shard of the step; forward/backward in
+    chunks of ``micro_batch``); returns the step's metrics row, over all processes. ``step``
+    (1-based) and ``detail`` name the step in a non-finite-loss error."""
+    n_tok = dp.sum(sum(len(x.response_ids) for x in items))  # the whole step's response tokens
     optimizer.zero_grad(set_to_none=True)
     total_nll = 0.0
     for k in range(0, len(items), micro_batch):
         with autocast(precision, next(model.parameters()).device):
             nll, _ = response_nll(model, items[k : k + micro_batch], pad_token_id)
-        # Token-mean over the whole optimiser batch, whatever the micro-batching.
+        # Token-mean over the whole optimiser batch, whatever the micro-batching and the processes.
         (nll / n_tok).backward()
         total_nll += float(nll.detach())
+    dp.all_reduce_grads(model.parameters())
+    total_nll = dp.sum(total_nll)
     grad_norm = None
     if grad_clip is not None:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(model), grad_clip))
@@ -98,5 +103,5 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
     check_finite(total_nll, step=step, detail=detail)
     optimizer.step()
     scheduler.step()
-    return {"loss": total_nll / n_tok, "learning_rate": lr, "grad_norm": grad_norm, "num_tokens": n_tok,
-            "eft_share": sum(x.source == "eft" for x in items) / len(items)}
+    return {"loss": total_nll / n_tok, "learning_rate": lr, "grad_norm": grad_norm, "num_tokens": int(n_tok),
+            "eft_share": dp.sum(sum(x.source == "eft" for x in items)) / dp.sum(len(items))}

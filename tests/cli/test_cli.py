@@ -78,8 +78,8 @@ def test_version_and_help_start_without_torch_or_transformers():
 
 
 def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
-    """A 2-process ``torchrun`` of ``pofe sft`` (which neither shards data nor all-reduces) would
-    make two run folders: the processes exit 2 with one line, and nothing is created."""
+    """A 2-process ``torchrun`` of ``pofe self-reward`` (which neither shards data nor all-reduces)
+    would make two run folders: the processes exit 2 with one line, and nothing is created."""
     import os
     import subprocess
     import sys
@@ -89,10 +89,11 @@ def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_fo
     out = tmp_path / "runs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "pofe", "sft", "--ift", str(ift), "--model", str(tiny_model_dir), "--output-dir", str(out)],
+                        "-m", "pofe", "self-reward", "--set", f"model.name={tiny_model_dir}", "--set",
+                        f"run.output_dir={out}"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0
-    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe sft does not run data-parallel")]
+    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe self-reward does not run data-parallel")]
     # torchrun stops the other process once one fails, so it may not get to print its line
     assert 1 <= len(refusals) <= 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
     assert "exitcode: 2" in r.stderr and not [ln for ln in r.stderr.splitlines()
@@ -122,22 +123,26 @@ def test_the_cli_data_parallel_set_is_the_recipes_own_flag():
                    if issubclass(c, Recipe) and c is not Recipe and c.__module__ == mod.__name__]
         assert recipes, module
         flagged |= {c.command for c in recipes if c.data_parallel}
-    assert flagged == DATA_PARALLEL_COMMANDS == {"online"}
+    assert flagged == DATA_PARALLEL_COMMANDS and {"online", "sft", "rm", "rl"} <= flagged
 
 
 def test_the_driver_refuses_world_size_2_for_a_single_process_recipe(tmp_path, monkeypatch, tiny_model_dir):
     """A library caller under torchrun gets the same refusal from the driver, before any folder."""
     from pofe.config import load_config
-    from pofe.loops.sft import SFTConfig, run
+    from pofe.loops.sft import SFTConfig
+    from pofe.recipe import Recipe, drive
     from pofe.training.guards import MultiProcessRefused
+
+    class Solo(Recipe):  # a recipe that neither shards its data nor all-reduces
+        command = "solo"
 
     ift = tmp_path / "ift.jsonl"
     ift.write_text('{"prompt": "q?", "response": "a."}\n')
     cfg = load_config(SFTConfig, None, [f"model.name={tiny_model_dir}", f"data.ift=[{ift}]",
                                         f"run.output_dir={tmp_path / 'runs'}", "train.steps=1"])
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(MultiProcessRefused, match="pofe sft does not run data-parallel"):
-        run(cfg)
+    with pytest.raises(MultiProcessRefused, match="pofe solo does not run data-parallel"):
+        drive(Solo(cfg))
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
 

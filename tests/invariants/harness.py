@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
-from _cli import pofe
+from _cli import pofe, torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,11 +29,11 @@ class Result(NamedTuple):
 
 
 def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, resume: Path | None = None,
-             fault: str | None = None, timeout: float = 300) -> Result:
+             fault: str | None = None, timeout: float = 300, processes: int = 1) -> Result:
     """``python -m pofe *argv`` with ``config`` (written next to its run folder and
     passed as ``--config``) or ``--resume RUN_DIR``; ``fault``: the ``POFE_FAULT`` point at
-    which the process SIGKILLs itself. Returns (rc, stdout, stderr, run_dir); rc is -9 for a
-    killed run."""
+    which the process SIGKILLs itself; ``processes`` > 1: under ``torchrun --standalone`` (CPU,
+    gloo). Returns (rc, stdout, stderr, run_dir); rc is -9 for a killed run (non-zero under torchrun)."""
     if (config is None) == (resume is None):
         raise ValueError("run_pofe: give config or resume")
     args = list(argv)
@@ -45,7 +45,8 @@ def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, r
     else:
         run_dir = Path(resume)
         args += ["--resume", str(run_dir)]
-    p = pofe(*args, timeout=timeout, **({} if fault is None else {"POFE_FAULT": fault}))
+    extra = {} if fault is None else {"POFE_FAULT": fault}
+    p = pofe(*args, timeout=timeout, **extra) if processes == 1 else torchrun(*args, nproc=processes, timeout=timeout, **extra)
     return Result(p.returncode, p.stdout, p.stderr, run_dir)
 
 
