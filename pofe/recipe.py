@@ -64,27 +64,26 @@ class RunContext:
     """The recipe's own checkpoint state (``Recipe.checkpoint_state`` when it was written)."""
 
     @property
-    def main(self) -> bool:
-        return self.acc is None or self.acc.is_main_process
-
-    @property
-    def rank(self) -> int:
-        return 0 if self.acc is None else self.acc.process_index
-
-    @property
-    def world(self) -> int:
-        return 1 if self.acc is None else self.acc.num_processes
-
-    @property
     def dp(self):
         """This process's :class:`pofe.training.parallel.DataParallel` (shards, sums, gradient all-reduce)."""
         from pofe.training.parallel import DataParallel
 
         return DataParallel(self.acc)
 
+    @property
+    def main(self) -> bool:
+        return self.dp.main
+
+    @property
+    def rank(self) -> int:
+        return self.dp.rank
+
+    @property
+    def world(self) -> int:
+        return self.dp.world
+
     def wait(self) -> None:
-        if self.acc is not None:
-            self.acc.wait_for_everyone()
+        self.dp.wait()
 
 
 class Recipe:
