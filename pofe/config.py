@@ -271,7 +271,10 @@ def _error_key(err: dict[str, Any], data: Any) -> str:
         if isinstance(node, dict) and x not in node and node.get("kind") == x:
             continue  # the union tag, not a key
         parts.append(str(x))
-        node = node.get(x) if isinstance(node, dict) else None
+        if isinstance(node, list):  # a list of sections (a jury's members): follow the index
+            node = node[x] if isinstance(x, int) and 0 <= x < len(node) else None
+        else:
+            node = node.get(x) if isinstance(node, dict) else None
     if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
         parts.append("kind")
     if err["type"] == "bool_for_number":  # raised for the section: the key is in ctx

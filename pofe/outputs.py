@@ -148,7 +148,8 @@ def guard_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str
 
 def judge_inputs(judge: Any) -> list[str]:
     """The files a judge config reads (template and constitution files, the SQLite cache, a
-    local GGUF / reward model), so an output never lands on them."""
+    local GGUF / reward model; a jury's: its members' and their audit reports), so an output
+    never lands on them."""
     out: list[str] = []
     for key in ("template", "constitution", "gguf", "reward_model", "model", "callable"):
         v = getattr(judge, key, None)
@@ -163,6 +164,9 @@ def judge_inputs(judge: Any) -> list[str]:
             out.append(cache.path)
         else:
             out.append(str(default_judge_cache_path()))
+    for member in getattr(judge, "members", None) or []:
+        out += judge_inputs(member)
+    out += [c for c in getattr(judge, "calibration", None) or [] if isinstance(c, str)]
     return out
 
 

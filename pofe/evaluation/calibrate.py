@@ -127,7 +127,8 @@ def apply_calibration(p: float | None, calib: dict[str, Any] | None) -> float | 
 def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
     """The fitted map saved in an audit report (``metrics.calibration.map``), for
     :func:`apply_calibration`, with its provenance (``source``, ``judge``,
-    ``calibration_sha256``) for the ledger."""
+    ``calibration_sha256``) for the ledger and the judge's ``agreement`` there (a jury's
+    ``weights: agreement``)."""
     path = Path(report_path)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -140,7 +141,8 @@ def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
         raise ValueError(f"calibration: {path} has no metrics.calibration.map (re-run `pofe audit` to fit one)")
     # Provenance rides along (apply_calibration ignores it); the ledger records it with p_raw.
     return {**cal["map"], "source": str(path), "judge": report.get("judge"),
-            "calibration_sha256": (report.get("calibration") or {}).get("sha256")}
+            "calibration_sha256": (report.get("calibration") or {}).get("sha256"),
+            "agreement": (report.get("metrics") or {}).get("agreement")}
 
 
 def calibration_report(p: Sequence[float], y: Sequence[float], *, method: str = "temperature", bins: int = 10,

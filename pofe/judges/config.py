@@ -10,16 +10,18 @@ This module imports no torch and no HTTP client (the CLI validates configs with 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationInfo,
-                      WrapValidator, field_validator, model_validator)
+                      ValidationError, WrapValidator, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from pofe.config import ConfigError, PofeConfig
 from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
+from pofe.labels import calibration_map
 from pofe.plugins import PluginError, is_plugin, lookup, name_validator, package_of, plugin_names
 
 # The embedded model's name; kept equal to pofe.models.DEFAULT_MODEL (tested), not imported
@@ -558,7 +560,7 @@ class PluginJudgeConfig(_JudgeKind):
     @field_validator("kind")
     @classmethod
     def _installed(cls, v: str) -> str:
-        if v in JUDGE_CONFIGS:
+        if v in KINDS:
             raise PydanticCustomError("unknown_name", "{message}", {"message": f"{v!r} is a built-in kind, not a plugin's"})
         try:
             judge_plugin(v)
@@ -597,10 +599,9 @@ JUDGE_CONFIGS: dict[str, type[_JudgeKind]] = {
     "callable": CallableJudgeConfig,
     "reward-model": RewardModelJudgeConfig,
 }
-"""kind -> config class of the built-in kinds (the plain mapping; the builders are in
-``pofe.judges.registry``). A plugin kind's config is a :class:`PluginJudgeConfig`."""
-
-AnyJudgeConfig = Union[tuple(JUDGE_CONFIGS.values()) + (PluginJudgeConfig,)]  # type: ignore[valid-type]
+"""kind -> config class of the built-in kinds that judge by themselves (the plain mapping; the
+builders are in ``pofe.judges.registry``): what a ``jury`` is made of. A plugin kind's config
+is a :class:`PluginJudgeConfig`; :data:`KINDS` adds the jury."""
 
 _PLUGIN_TAG = "<plugin>"  # not a possible kind name of an entry point
 
@@ -617,23 +618,168 @@ def _route_kind(v: Any, handler) -> Any:
     """A kind that is not built in: an installed plugin's (its config class is the plugin's,
     not a union member, so it is validated here), else an error listing every kind."""
     kind = v.get("kind") if isinstance(v, dict) else None
-    if kind is None or (isinstance(kind, str) and kind in JUDGE_CONFIGS):
+    if kind is None or (isinstance(kind, str) and kind in KINDS):
         return handler(v)
     try:
-        if is_plugin("pofe.judges", kind, JUDGE_CONFIGS):
+        if is_plugin("pofe.judges", kind, KINDS):
             return PluginJudgeConfig.model_validate(v)
-        known = ", ".join(repr(k) for k in [*JUDGE_CONFIGS, *plugin_names("pofe.judges")])
+        # the kinds of one judge (built in, then plugins'), then the jury, which is made of them
+        combined = [k for k in KINDS if k not in JUDGE_CONFIGS]
+        known = ", ".join(repr(k) for k in [*JUDGE_CONFIGS, *plugin_names("pofe.judges"), *combined])
     except PluginError as e:  # a plugin named like a built-in kind, or two plugins of one name
         raise PydanticCustomError("unknown_name", "{message}", {"message": str(e)}) from None
     raise PydanticCustomError("union_tag_invalid", "unknown kind '{tag}'; choose one of {expected_tags}",
                               {"tag": str(kind), "expected_tags": known, "discriminator": "'kind'"})
 
 
-JudgeConfig = Annotated[
-    Union[tuple(Annotated[c, Tag(k)] for k, c in [*JUDGE_CONFIGS.items(), (_PLUGIN_TAG, PluginJudgeConfig)])],  # type: ignore[valid-type]
-    Discriminator(_judge_tag),
-    WrapValidator(_route_kind),
-]
+def _kind_union(configs: dict[str, type[_JudgeKind]]):
+    """A judge section choosing one of ``configs`` (or a plugin's kind) by ``kind``."""
+    return Annotated[
+        Union[tuple(Annotated[c, Tag(k)] for k, c in [*configs.items(), (_PLUGIN_TAG, PluginJudgeConfig)])],  # type: ignore[valid-type]
+        Discriminator(_judge_tag),
+        WrapValidator(_route_kind),
+    ]
+
+
+# ----------------------------------------------------------------------------- juries
+JURY_P_CLIP = 1e-3
+"""A member's p is clipped to [0.001, 0.999] before its log-odds are taken (|logit| <= 6.9): a
+programmatic judge's hard 0/1 is a strong vote but a finite one, never an infinite veto."""
+
+
+def _report_agreement(cmap: dict[str, Any]) -> float | None:
+    a = cmap.get("agreement")
+    return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+
+
+_MemberConfig = _kind_union(JUDGE_CONFIGS)
+"""A jury member's section: any kind but the jury (plugins' included)."""
+
+
+class JuryJudgeConfig(_JudgeKind):
+    """``jury``: several pairwise judges, one verdict. Each member reads the pair itself (both
+    orders, if it does), its p goes through its own calibration map when one is given, and the
+    jury's p is the weighted mean of the members' log-odds,
+    sigma(sum_i w_i logit(p_i) / sum_i w_i) (a logarithmic opinion pool; p_i clipped to
+    [0.001, 0.999]). A member whose verdict is unreadable is left out of that pair's pool and
+    counted; with none readable the jury's verdict is unreadable."""
+
+    kind: Literal["jury"] = "jury"
+    members: list[_MemberConfig] = Field(min_length=2)  # type: ignore[valid-type]
+    """The member judges: two or more judge sections of any pairwise kind (``length``, ``llm``, ``openai``,
+    ``reward-model``, ...; not a pointwise-only kind, and not a jury: a jury of juries is one jury whose
+    weights are the products)."""
+    calibration: list[str | None] | None = None
+    """Per member (same order, null for none): an audit report (``pofe audit`` output) of that member, whose
+    calibration map is applied to its p before pooling; checked when the config is parsed."""
+    weights: Union[Literal["equal", "agreement"], list[float]] = "equal"
+    """``equal``; ``agreement`` (each member's agreement with humans in its ``calibration`` report, minus the
+    0.5 of chance: a judge at chance carries no information); or one positive number per member. Only
+    ratios matter."""
+
+    @field_validator("members", mode="before")
+    @classmethod
+    def _flat_pairwise_members(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v  # pydantic reports the type
+        out = []
+        for i, m in enumerate(v):
+            if _judge_tag(m) == "jury":
+                raise ConfigError(f"bad value for 'judge.members.{i}.kind': a jury cannot be a member of a jury "
+                                  "(list its members here; pooled log-odds of pooled log-odds are one pool whose "
+                                  "weights are the products)")
+            try:
+                m = parse_judge_config(m)
+            except ConfigError as e:  # a member's own refusal: name the key under its place in the jury
+                raise ConfigError(str(e).replace("'judge.", f"'judge.members.{i}.", 1)) from None
+            except ValidationError:
+                out.append(m)  # validated again below, where pydantic names the key
+                continue
+            if PW not in m.capabilities:
+                raise ConfigError(f"bad value for 'judge.members.{i}.kind': {m.kind} is not a pairwise judge "
+                                  "(a pointwise score has no log-odds of A over B to pool)")
+            out.append(m)
+        return out
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _check_weights(cls, v: Any) -> Any:
+        if v in ("equal", "agreement"):
+            return v
+        ok = isinstance(v, list) and all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+                                         and w > 0 for w in v)
+        if not ok:
+            raise ConfigError(f"bad value for 'judge.weights': 'equal', 'agreement' or a list of positive numbers, "
+                              f"one per member, got {v!r}")
+        return v
+
+    @field_validator("calibration")
+    @classmethod
+    def _readable_maps(cls, v: list[str | None] | None) -> list[str | None] | None:
+        for i, path in enumerate(v or []):
+            if path is not None:
+                try:
+                    calibration_map(path)
+                except (OSError, ValueError) as e:
+                    raise ConfigError(f"bad value for 'judge.calibration.{i}': {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _per_member(self):
+        n = len(self.members)
+        if self.calibration is not None and len(self.calibration) != n:
+            raise ConfigError(f"bad value for 'judge.calibration': {len(self.calibration)} entries for {n} members "
+                              "(one per member, null for none)")
+        if isinstance(self.weights, list) and len(self.weights) != n:
+            raise ConfigError(f"bad value for 'judge.weights': {len(self.weights)} weights for {n} members")
+        if self.weights == "agreement":
+            self.member_weights()  # refuses a member without a usable agreement, naming its key
+        return self
+
+    def calibration_maps(self) -> list[dict[str, Any] | None]:
+        """Each member's calibration map (None: its p is pooled as it is)."""
+        return [None if c is None else calibration_map(c) for c in (self.calibration or [None] * len(self.members))]
+
+    def member_weights(self) -> list[float]:
+        """The members' weights, normalised to sum to 1 (the pool depends on ratios only)."""
+        n = len(self.members)
+        if self.weights == "equal":
+            raw = [1.0] * n
+        elif self.weights == "agreement":
+            raw = []
+            for i, cmap in enumerate(self.calibration_maps()):
+                if cmap is None:
+                    raise ConfigError(f"bad value for 'judge.weights': 'agreement' reads each member's agreement from "
+                                      f"its audit report, and 'judge.calibration.{i}' is not set")
+                a = _report_agreement(cmap)
+                if a is None or a <= 0.5:
+                    why = "records no metrics.agreement" if a is None else f"says agreement {a:.3f}, no better than chance"
+                    raise ConfigError(f"bad value for 'judge.calibration.{i}': {cmap.get('source')} {why}, so member "
+                                      f"{i} would get no weight (drop it, or give judge.weights as numbers)")
+                raw.append(a - 0.5)
+        else:
+            raw = [float(w) for w in self.weights]
+        total = sum(raw)
+        return [w / total for w in raw]
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
+        # pairwise only: the members load their own models (none shares weights through the jury)
+        return frozenset({PW} | ({LP} if any(LP in m.capabilities for m in self.members) else set()))
+
+    def identity(self) -> dict[str, Any]:
+        # the members' own identities, the weights applied and each calibration map (not where its file lies)
+        return {"kind": self.kind, "members": [m.identity() for m in self.members], "weights": self.member_weights(),
+                "calibration": [None if c is None else {k: v for k, v in c.items() if k != "source"}
+                                for c in self.calibration_maps()]}
+
+
+KINDS: dict[str, type[_JudgeKind]] = {**JUDGE_CONFIGS, "jury": JuryJudgeConfig}
+"""kind -> config class of every built-in kind (the single judges and the jury)."""
+
+AnyJudgeConfig = Union[tuple(KINDS.values()) + (PluginJudgeConfig,)]  # type: ignore[valid-type]
+
+JudgeConfig = _kind_union(KINDS)
 """The type of a command's ``judge:`` section: one of the kinds, chosen by ``kind``; a kind
 that is not built in is an installed plugin's (:class:`PluginJudgeConfig`) or an error
 naming ``<section>.kind`` and listing every kind, plugins' included."""

@@ -12,6 +12,7 @@ Kinds:
   transformers, llamacpp or openai).
 * ``length``, ``keyword``, ``reference-overlap``, ``callable`` — programmatic judges.
 * ``reward-model`` — a sequence-classification reward model.
+* ``jury`` — several of the above pooled in log-odds (:mod:`pofe.judges.jury`).
 
 Plugins (:mod:`pofe.plugins`): a kind from the entry-point group ``pofe.judges`` is built by
 its options class's ``build(**runtime)``; a backend from ``pofe.judge_backends`` is called as
@@ -27,6 +28,7 @@ from typing import Any, Callable
 from pofe.judges.base import JudgeConfigError
 from pofe.judges.config import (
     JUDGE_CONFIGS,
+    KINDS,
     AnyJudgeConfig,
     CacheConfig,
     CallableJudgeConfig,
@@ -34,6 +36,7 @@ from pofe.judges.config import (
     EndpointConfig,
     ExpectedScoreJudgeConfig,
     JudgeConfig,
+    JuryJudgeConfig,
     KeywordJudgeConfig,
     LengthJudgeConfig,
     LlamaCppConfig,
@@ -53,7 +56,8 @@ __all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_ju
            "CacheConfig", "CotConfig", "EndpointConfig", "LlamaCppConfig", "RubricConfig", "LLMJudgeConfig",
            "LlamaCppJudgeConfig", "OpenAIJudgeConfig", "RubricJudgeConfig", "ExpectedScoreJudgeConfig",
            "LengthJudgeConfig", "KeywordJudgeConfig", "ReferenceOverlapJudgeConfig", "CallableJudgeConfig",
-           "RewardModelJudgeConfig", "VLLMJudgeConfig", "PluginJudgeConfig", "parse_judge_config"]
+           "RewardModelJudgeConfig", "VLLMJudgeConfig", "PluginJudgeConfig", "JuryJudgeConfig", "KINDS",
+           "parse_judge_config"]
 
 
 # -- builders ------------------------------------------------------------------------------
@@ -193,6 +197,15 @@ def _reward_model(cfg: RewardModelJudgeConfig, **runtime):
                             device=cfg.device, trust_remote_code=cfg.trust_remote_code)
 
 
+def _jury(cfg: JuryJudgeConfig, **runtime):
+    from pofe.judges.jury import JuryJudge
+
+    # a shared cache reaches every member; live weights do not (the jury does not share weights)
+    shared = {k: runtime[k] for k in ("cache", "cache_path") if k in runtime}
+    return JuryJudge([build_judge(m, **shared) for m in cfg.members], cfg.member_weights(), cfg.calibration_maps(),
+                     judge_id=runtime.get("judge_id"))
+
+
 JUDGES: dict[str, Callable[..., object]] = {
     "llm": _pairwise("transformers"),
     "llamacpp": _pairwise("llamacpp"),
@@ -205,8 +218,9 @@ JUDGES: dict[str, Callable[..., object]] = {
     "reference-overlap": _reference_overlap,
     "callable": _callable,
     "reward-model": _reward_model,
+    "jury": _jury,
 }
-assert set(JUDGES) == set(JUDGE_CONFIGS), "every judge kind has one config class and one builder"
+assert set(JUDGES) == set(KINDS), "every judge kind has one config class and one builder"
 
 
 def build_judge(cfg, **runtime):

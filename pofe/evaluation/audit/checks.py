@@ -117,6 +117,18 @@ def format_audit(report: dict[str, Any]) -> str:
                      + ("   FLAGGED: disagrees more than the others" if r["flagged"] else ""))
     for kind, c in (m.get("contrasts") or {}).items():
         lines.append(f"  {'contrast: ' + kind:<34}{f(c['mean_p_variant']):>10}   (P(variant better), n={c['n']})")
+    jury = report.get("jury")
+    if jury:
+        lines += ["", f"  jury: members and the pool (log-odds; {jury['dropped_member_verdicts']} unreadable member "
+                      f"verdicts left out, {jury['unreadable_verdicts']} pairs with none readable)",
+                  f"    {'judge':<40}{'weight':>7}{'agree':>7}{'pos.cons':>9}{'first':>7}{'|bias|':>7}{'len D':>7}"
+                  f"{'parse':>7}"]
+        for r in jury["rows"]:
+            name = r["judge"] if len(r["judge"]) <= 38 else r["judge"][:35] + "..."
+            lines.append(f"    {name + (' *' if r['calibrated'] else ''):<40}{f(r['weight']):>7}{f(r['agreement']):>7}"
+                         f"{f(r['position_consistency']):>9}{f(r['first_position_win_rate']):>7}"
+                         f"{f(r['position_bias']):>7}{f(r['length_correlation']):>7}{f(r['parse_failure_rate']):>7}")
+        lines.append("    (* calibrated before pooling; a member's row measures its own reads, as an audit of it alone would)")
     lines += ["", "  checks:"]
     for name, c in report["checks"].items():
         lines.append(f"    [{'pass' if c['passed'] else 'FAIL'}] {describe_check(name, c)}")

@@ -13,8 +13,10 @@ from pofe.evaluation.audit.checks import evaluate_checks
 from pofe.evaluation.audit.config import AuditConfig
 from pofe.evaluation.audit.contrasts import _judge_all, contrast_metrics, contrast_pairs
 from pofe.evaluation.audit.gating import calibration_set_hash, judge_identity
+from pofe.evaluation.audit.jury import jury_report
 from pofe.evaluation.audit.metrics import calibration_metrics
 from pofe.judges.base import as_pairwise
+from pofe.judges.jury import JuryJudge
 from pofe.judges.summary import summarize_judgments
 
 
@@ -51,7 +53,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     # A judge object passed in is only known by its id; audit_from_config, which builds the
     # judge from cfg.judge, vouches for the whole config identity.
     ident = dict(identity) if identity is not None else {"judge_id": jid}
-    return {
+    report = {
         "judge": jid,
         "judge_identity": ident,
         "judge_config": cfg.judge.model_dump(),
@@ -63,6 +65,9 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         "checks": checks,
         "passed": all(c["passed"] for c in checks.values()),
     }
+    if isinstance(judge, JuryJudge):  # each member measured from the same verdicts, next to the pooled jury
+        report["jury"] = jury_report(judge, items, js, more, cfg, metrics, checks)
+    return report
 
 
 def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:

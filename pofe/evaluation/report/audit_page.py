@@ -1,6 +1,7 @@
 """The audit's own HTML page (:func:`audit_html`, written by ``pofe audit``): metrics with their
-intervals, checks, per-source and per-principle agreement, contrast probes, the reliability
-diagram and the length plot. ``pofe report`` of an audit folder embeds it below its plots."""
+intervals, a jury's member rows, checks, per-source and per-principle agreement, contrast
+probes, the reliability diagram and the length plot. ``pofe report`` of an audit folder
+embeds it below its plots."""
 
 from __future__ import annotations
 
@@ -117,6 +118,23 @@ def audit_html(report: dict[str, Any]) -> str:
         for k, v in held.items():
             parts.append(f"<tr><td>held-out ECE / Brier ({html.escape(k)})</td><td>{v['ece']:.3f} / {v['brier']:.3f}</td></tr>")
     parts.append("</table>")
+    jury = report.get("jury")
+    if jury:
+        cols = (("agreement", "agreement"), ("position consistency", "position_consistency"),
+                ("first-position win rate", "first_position_win_rate"), ("|position bias|", "position_bias"),
+                ("length (Somers D)", "length_correlation"), ("Cohen's kappa", "cohen_kappa"),
+                ("parse failures", "parse_failure_rate"), ("ECE", "ece"))
+        parts.append(f"<h2>Jury: members and the pooled verdict</h2><p>Pooled in log-odds; "
+                     f"{jury['dropped_member_verdicts']} unreadable member verdicts left out of their pair's pool, "
+                     f"{jury['unreadable_verdicts']} pairs with no readable member. A member's row is its own reads "
+                     "(before its calibration map), as an audit of it alone measures them.</p><table><tr><th>judge</th>"
+                     "<th>role</th><th>weight</th>" + "".join(f"<th>{html.escape(c)}</th>" for c, _ in cols) + "<th>checks</th></tr>")
+        for r in jury["rows"]:
+            cells = "".join(f"<td>{'-' if r.get(k) is None else f'{r[k]:.3f}'}</td>" for _, k in cols)
+            role = r["role"] + (" (calibrated)" if r.get("calibrated") else "")
+            parts.append(f"<tr><td>{html.escape(r['judge'])}</td><td>{role}</td><td>{r['weight']:.3f}</td>{cells}"
+                         f"<td>{'pass' if r['passed'] else '<b>FAIL</b>'}</td></tr>")
+        parts.append("</table>")
     parts.append("<h2>Checks</h2><table><tr><th>check</th><th>value</th><th>threshold</th><th></th></tr>")
     for name, c in (report.get("checks") or {}).items():
         v = c.get("value")
