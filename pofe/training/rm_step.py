@@ -46,7 +46,7 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
         p = torch.tensor([q.p for q in batch], dtype=margin.dtype, device=margin.device)
         loss = loss_fn(margin, p).sum() / n
         loss.backward()
-        loss_sum = float(loss)
+        loss_sum = float(loss.detach())
     dp.all_reduce_grads(model.parameters())
     gn = None
     if cfg.optim.grad_clip:
