@@ -69,7 +69,7 @@ def test_async_run_killed_with_a_step_in_flight_resumes_exactly(tmp_path, tiny64
     checkpoint of step 2 holds nothing in flight (no prefetch across a checkpoint), so the resumed
     run samples step 3 from the same weights as the uninterrupted one: same weights, same ledger."""
     from pofe.runs import read_jsonl
-    from tests.faults._cli import pofe
+    from tests._cli import pofe
 
     def args(name):
         sets = [f"model.name={tiny64_dir}", "mode=async", "judge.kind=length", "train.steps=5", "train.batch_size=2",
