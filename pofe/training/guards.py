@@ -62,6 +62,37 @@ class MultiProcessRefused(PofeError):
     exit_code = 2
 
 
+class ShardingRefused(PofeError):
+    """The launcher asked for sharded parameters (FSDP, DeepSpeed ZeRO-3), which pofe does not train with."""
+
+    exit_code = 2
+
+
+def requested_sharding(environ=None) -> str | None:
+    """The parameter sharding an ``accelerate launch`` config asked for, read from the variables
+    the launcher exports (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION``, ``ACCELERATE_USE_DEEPSPEED``,
+    ``ACCELERATE_DEEPSPEED_ZERO_STAGE``), or None. Read from the environment rather than from
+    ``Accelerator.distributed_type`` because accelerate quietly drops FSDP and DeepSpeed when it
+    runs on CPU (``MULTI_CPU``): the run would train replicated weights while the user believes
+    they are sharded."""
+    env = os.environ if environ is None else environ
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return f"FSDP{env.get('FSDP_VERSION', '1')}"
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        return "DeepSpeed ZeRO-3"
+    return None
+
+
+def refuse_sharding(command: str, environ=None) -> None:
+    """Raise :class:`ShardingRefused` (one line, exit 2) when the launch asked for sharded
+    parameters: every pofe training command keeps whole parameters on each process (data
+    parallel), so running it would silently ignore the sharding and its memory saving."""
+    kind = requested_sharding(environ)
+    if kind is not None:
+        raise ShardingRefused(f"{command} does not train sharded parameters ({kind} asked by the accelerate "
+                              "config): launch it data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
+
+
 def world_size() -> int:
     try:
         return int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -22,11 +22,15 @@ log = logging.getLogger(__name__)
 
 def make_accelerator(device: str, *, command: str = "pofe online"):
     """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there). FSDP and
-    ZeRO-3 are refused: sampling from the current policy needs the parameters whole, and a
-    sharded generate would hang rather than fail."""
+    ZeRO-3 are refused (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU
+    accelerate drops them without a word): the loops keep whole parameters on each process, and
+    sampling from a sharded policy would hang rather than fail."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
+    from pofe.training.guards import refuse_sharding
+
+    refuse_sharding(command)
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     acc = Accelerator(cpu=cpu)
     ds = getattr(acc.state, "deepspeed_plugin", None)

@@ -1,0 +1,102 @@
+"""``examples/accelerate/*.yaml`` as a user launches them (``accelerate launch --config_file ...
+-m pofe <cmd>``), on CPU processes:
+
+* ``ddp-cpu.yaml`` starts 2 data-parallel processes that train what ``torchrun
+  --nproc_per_node 2`` trains: the same ``final/`` weights (both runs are 2 gloo processes with
+  one thread each, so the same sums in the same order) and ``processes: 2`` in the summary.
+* ``fsdp2.yaml`` is refused before any model loads, with one line naming the sharding and exit 2,
+  and leaves no run folder. Without the check accelerate turns FSDP into plain ``MULTI_CPU`` on
+  CPU and the run would train replicated weights while the user believes they are sharded.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import configs
+from _cli import REPO, env, error_lines
+from harness import final_weights, max_abs_diff, run_pofe, summary, weights
+
+ACCEL = REPO / "examples" / "accelerate"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accelerate(config_file: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    # a free port: another launch in the same suite may hold accelerate's default 29500
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config_file),
+           "--main_process_port", str(_port()), "-m", "pofe", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _write(cfg: dict) -> tuple[Path, Path]:
+    run_dir = Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
+    path = run_dir.parent / f"{run_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path, run_dir
+
+
+@pytest.mark.slow
+def test_ddp_cpu_config_trains_what_torchrun_trains(tmp_path, tiny_model_dir):
+    over = {"train.steps": 3, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 12)]}
+    path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
+    res = _accelerate(ACCEL / "ddp-cpu.yaml", "sft", "--config", str(path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref = run_pofe(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "torchrun", over), processes=2)
+    assert ref.rc == 0, ref.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["processes"] == 2 and s["weights_identical_across_processes"] is True, s
+    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref.run_dir)))
+    assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
+    moved = max_abs_diff(weights(final_weights(run_dir)), weights(Path(tiny_model_dir) / "model.safetensors"))
+    assert moved > 1e-4  # else the equality proves nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["sft", "online"])
+def test_fsdp2_config_is_refused_with_one_line_before_any_model_loads(command, tmp_path, tiny_model_dir):
+    fn = {"sft": configs.sft, "online": configs.online}[command]
+    over = {"data.ift": [configs.ift_file(tmp_path, 4)]} if command == "sft" else {}
+    path, run_dir = _write(fn(tmp_path, tiny_model_dir, "fsdp", over))
+    res = _accelerate(ACCEL / "fsdp2.yaml", command, "--config", str(path), timeout=300)
+    assert res.returncode != 0
+    errors = [ln for ln in error_lines(res) if ln.startswith("error:")]
+    assert errors and all(e == errors[0] for e in errors), res.stderr[-3000:]  # the same one line from each process
+    assert f"pofe {command} does not train sharded parameters (FSDP2" in errors[0], errors[0]
+    # the launcher prints its own ChildFailedError traceback; pofe's processes print none
+    assert not [ln for ln in res.stderr.splitlines() if 'File "' in ln and f"{Path('pofe')}/" in ln], res.stderr[-3000:]
+    assert not run_dir.exists()
+
+
+def test_requested_sharding_reads_the_launcher_environment():
+    from pofe.training.guards import ShardingRefused, refuse_sharding, requested_sharding
+
+    assert requested_sharding({}) is None
+    assert requested_sharding({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == "FSDP2"
+    assert requested_sharding({"ACCELERATE_USE_FSDP": "True"}) == "FSDP1"
+    assert requested_sharding({"ACCELERATE_USE_FSDP": "false"}) is None
+    assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}) == "DeepSpeed ZeRO-3"
+    assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}) is None
+    refuse_sharding("pofe sft", {})  # nothing asked: no error
+    with pytest.raises(ShardingRefused) as e:
+        refuse_sharding("pofe rm", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+    assert e.value.exit_code == 2 and "\n" not in str(e.value) and "DeepSpeed ZeRO-3" in str(e.value)
+
+
+def test_every_accelerate_example_is_valid_yaml_for_accelerate():
+    files = sorted(ACCEL.glob("*.yaml"))
+    assert {f.name for f in files} >= {"ddp-cpu.yaml", "ddp-gpus.yaml", "fsdp2.yaml"}
+    for f in files:
+        cfg = yaml.safe_load(f.read_text())
+        assert cfg["distributed_type"] in ("MULTI_GPU", "FSDP"), f
+        assert cfg["num_processes"] >= 2 and cfg["num_machines"] == 1, f
