@@ -1,13 +1,15 @@
-"""Sampling from a policy: one entry point (:func:`generate`), two engines (``hf``:
-transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with training).
+"""Sampling from a policy: one entry point (:func:`generate`), three engines (``hf``:
+transformers ``generate``; ``vllm``: an in-process vLLM engine kept in step with training;
+``vllm-server``: ``vllm serve`` processes over HTTP, sent the trained weights).
 
 ``generate``/``HFGenerator``/``make_generator``/``ENGINES`` are imported on first use, so that
 configs which embed a ``SamplingConfig`` (judge configs, every command's config) validate
 without importing torch."""
 
-from pofe.generation.base import Generator, HFSettings, SamplingConfig, VLLMSettings
+from pofe.generation.base import Generator, HFSettings, SamplingConfig, ServerSettings, VLLMSettings
 
-__all__ = ["ENGINES", "Generator", "HFSettings", "SamplingConfig", "VLLMSettings", "HFGenerator", "generate", "make_generator"]
+__all__ = ["ENGINES", "Generator", "HFSettings", "SamplingConfig", "ServerSettings", "VLLMSettings", "HFGenerator",
+           "generate", "make_generator"]
 
 
 def __getattr__(name: str):

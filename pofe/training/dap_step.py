@@ -64,5 +64,6 @@ def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm:
                        gen_tokens=tokens, gen_chars=chars, num_samples=samples, lr=lr, grad_norm=grad_norm)
     row.update(engine=engine.name, time_sync=sp.times.get("sync", 0.0), staleness=max(0, sp.staleness),
                engine_syncs=getattr(engine, "syncs", 0), **sp.extra)
+    row.update(getattr(engine, "sync_metrics", dict)())  # a served engine's sync/... keys (version, staleness)
     row.pop("step")  # the driver writes it
     return row

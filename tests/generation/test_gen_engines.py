@@ -15,7 +15,7 @@ def test_engine_key_and_mapping():
     from pofe.generation import ENGINES, HFGenerator, SamplingConfig
     from pofe.loops.online import OnlineConfig
 
-    assert sorted(ENGINES) == ["hf", "vllm"] and ENGINES["hf"]() is HFGenerator
+    assert sorted(ENGINES) == ["hf", "vllm", "vllm-server"] and ENGINES["hf"]() is HFGenerator
     assert SamplingConfig().engine == "hf"
     cfg = load_config(OnlineConfig, None, ["sampling.engine=vllm", "sampling.vllm.sync_every=2"])
     assert cfg.sampling.engine == "vllm" and cfg.sampling.vllm.sync_every == 2
