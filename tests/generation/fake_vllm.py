@@ -2,7 +2,8 @@
 ``vllm-server`` engine's tests that need no vLLM: the OpenAI completions route (token-id
 prompts, ``return_token_ids``) and the weight-update routes (``/pause``, ``/collective_rpc``
 ``reload_weights`` reading the pushed safetensors, ``/reset_prefix_cache``,
-``/update_weight_version``, ``/weight_info``, ``/resume``), every request recorded.
+``/update_weight_version``, ``/weight_info``, ``/resume``, ``/v1/load_lora_adapter``), every
+request recorded.
 
 Its "model" is a rule, so tests can tell which server answered which prompt with which seed:
 choice ``k`` of a request with prompt ``p`` and seed ``s`` is ``[p[-1], marker] + [100 + (s + k)
@@ -32,6 +33,7 @@ class FakeVLLM:
         self.calls: list[tuple[str, str]] = []  # (method, path) in arrival order
         self.completions: list[dict] = []  # request bodies
         self.loaded: list[dict] = []  # the tensors of every reload_weights, in order
+        self.adapters: list[str] = []  # LoRA adapters loaded (/v1/load_lora_adapter) and not unloaded
         self.lock = threading.Lock()
         outer = self
 
@@ -53,7 +55,9 @@ class FakeVLLM:
                 if self.path in outer.missing:
                     return self._answer(404, {"detail": "Not Found"})
                 if self.path == "/v1/models":
-                    return self._answer(200, {"object": "list", "data": [{"id": outer.model_id, "parent": None}]})
+                    data = [{"id": outer.model_id, "parent": None}] + [{"id": a, "parent": outer.model_id}
+                                                                       for a in outer.adapters]
+                    return self._answer(200, {"object": "list", "data": data})
                 if self.path == "/weight_info":
                     return self._answer(200, {"weight_version": outer.version})
                 self._answer(404, {"detail": "Not Found"})
@@ -94,6 +98,12 @@ class FakeVLLM:
             if not self.ignore_versions:
                 self.version = body["new_version"]
             return 200, {"success": True, "new_version": body["new_version"]}
+        if path == "/v1/load_lora_adapter":
+            self.adapters.append(body["lora_name"])
+            return 200, {"status": "loaded"}
+        if path == "/v1/unload_lora_adapter":
+            self.adapters.remove(body["lora_name"])
+            return 200, {"status": "unloaded"}
         if path == "/reset_prefix_cache":
             return 200, {"success": True}
         if path in ("/pause", "/resume"):

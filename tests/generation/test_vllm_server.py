@@ -298,3 +298,55 @@ def test_sync_check_settings_and_gap():
     assert e.value.exit_code == 1
     ids = check_ids(load_tokenizer(), 300)  # longer than the text: repeated
     assert len(ids) == 300 and ids[:5] == check_ids(load_tokenizer(), 5)
+
+
+# ----------------------------------------------------------------------------- LoRA policies
+def _lora_model(tiny_model):
+    from pofe.training import LoraSettings, apply_lora
+
+    model = apply_lora(tiny_model, LoraSettings(enabled=True, r=8, alpha=16))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B = 0 at init: give the adapter an effect
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def test_a_merged_lora_policy_pushes_w_plus_scaled_ba(fakes, tiny_model, tokenizer):
+    from pofe.generation import generate
+
+    model = _lora_model(tiny_model)
+    (a,) = fakes(1)
+    generate(model, tokenizer, PROMPTS[:1], sampling=_sampling(a.url))
+    q = model.get_base_model().model.layers[0].self_attn.q_proj
+    want = q.base_layer.weight + (16 / 8) * q.lora_B["default"].weight @ q.lora_A["default"].weight
+    assert torch.allclose(a.loaded[-1]["model.layers.0.self_attn.q_proj.weight"], want, atol=1e-6)
+    assert not any("lora" in k for k in a.loaded[-1])
+    with model.disable_adapter():  # pi_0 of the LoRA policy: the base weights
+        generate(model, tokenizer, PROMPTS[:1], sampling=_sampling(a.url))
+    assert torch.equal(a.loaded[-1]["model.layers.0.self_attn.q_proj.weight"], q.base_layer.weight)
+
+
+def test_an_adapter_lora_policy_loads_a_new_adapter_per_version(fakes, tiny_model, tokenizer):
+    from pofe.generation import generate, make_generator
+
+    model = _lora_model(tiny_model)
+    (a,) = fakes(1)
+    s = _sampling(a.url, lora_sync="adapter")
+    generate(model, tokenizer, PROMPTS[:1], sampling=s)
+    gen = make_generator(model, tokenizer, s)
+    v1 = gen.served_name
+    # first push: the base weights once (the server may hold another run's), then the adapter by the version's name
+    assert a.posts("/collective_rpc") == 1 and a.adapters == [v1] and a.completions[-1]["model"] == v1
+    q = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert torch.equal(a.loaded[-1]["model.layers.0.self_attn.q_proj.weight"], q.base_layer.weight)
+    with torch.no_grad():
+        q.lora_B["default"].weight.add_(0.05)
+    generate(model, tokenizer, PROMPTS[:1], sampling=s)
+    v2 = gen.served_name
+    assert v2 != v1 and a.adapters == [v2] and a.completions[-1]["model"] == v2  # the old adapter unloaded
+    assert a.posts("/collective_rpc") == 1  # the base is not pushed again
+    with model.disable_adapter():  # pi_0: the base model's name, no adapter
+        generate(model, tokenizer, PROMPTS[:1], sampling=s)
+    assert a.completions[-1]["model"] == "tiny" and a.posts("/v1/load_lora_adapter") == 2

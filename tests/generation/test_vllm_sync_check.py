@@ -49,3 +49,40 @@ def test_a_push_that_loads_nothing_is_caught_within_one_step(tiny64_dir, tokeniz
     assert gen.sync_metrics()["sync/logp_gap"] < 1e-3
     assert generate(model, tokenizer, PROMPTS[:1], sampling=s)[0][0].token_ids == \
         generate(model, tokenizer, PROMPTS[:1], sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))[0][0].token_ids
+
+
+def test_an_online_run_stops_at_the_step_whose_push_did_not_load(tmp_path, tiny64_dir, tokenizer, monkeypatch):
+    """``pofe online``: the first push loads, every later one is planted to load nothing; the
+    run stops with SyncCheckError at the push after step 1 (before step 1's row is written)."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig, make_generator
+    from pofe.generation.sync_check import SyncCheckError
+    from pofe.generation.vllm import Engine
+    from pofe.loops.online import run
+    from tests._online_utils import tiny_cfg
+
+    real, pushes = Engine.load_full, []
+
+    def first_only(self, weights, fp):
+        pushes.append(fp)
+        if len(pushes) == 1:
+            return real(self, weights, fp)
+        self.holds = ("full", fp)  # planted: reports success, loads nothing
+
+    monkeypatch.setattr(Engine, "load_full", first_only)
+    sets = ["sampling.engine=vllm", "sampling.vllm.dtype=float32", "sampling.vllm.max_model_len=1024",
+            "sampling.sync_check.enabled=true", "sampling.sync_check.max_gap=0.001"]
+    try:
+        with pytest.raises(SyncCheckError, match="the vLLM engine scores fixed tokens"):
+            run(tiny_cfg(tmp_path, tiny64_dir, "eval.enabled=false", "train.steps=3", "train.batch_size=4",
+                         "optim.lr=1e-2", *sets))
+        assert len(pushes) == 2  # first use, then the push after step 1: caught there
+        (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+        metrics = run_dir / "metrics.jsonl"
+        assert not metrics.exists() or metrics.read_text().strip() == ""
+    finally:  # the pooled engine is left "broken": a real push makes it usable for later tests
+        monkeypatch.undo()
+        model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+        make_generator(model, tokenizer, SamplingConfig(engine="vllm", vllm={"dtype": "float32",
+                                                                             "max_model_len": 1024})).sync()
