@@ -15,12 +15,10 @@ Each step of Algorithm 1:
 Modes are pair sources (:mod:`pofe.training.pair_sources`): ``online`` (the above), ``async``
 (step t+1's steps 1-3 in a background thread while step t trains: one update stale, vllm only),
 ``iterative`` (steps 1-3 for K steps at once), ``offline`` (a fixed file: OAIF's baseline).
-Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotator (pi_0 shared)
-is :mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; the
-run folder, checkpoints, ``--resume`` and ``final/`` the driver's (:mod:`pofe.recipe`), plus
-``ledger.jsonl`` (:mod:`pofe.training.ledger`) and ``eval/``. Data parallel (each process samples
-and labels its own prompts; gradients all-reduced; FSDP / ZeRO-3 refused: sampling needs whole
-parameters)::
+Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotator is
+:mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; Appendix
+B's off-policy gap :mod:`pofe.training.diagnostics`.
+Data parallel (gradients all-reduced; FSDP / ZeRO-3 refused: sampling needs whole parameters)::
 
     torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
     accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # GPUs, DDP / ZeRO-1/2
@@ -34,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from pofe.config import PofeConfig
+from pofe.config import ConfigError, PofeConfig
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.labels import LabelPolicy
@@ -44,8 +42,9 @@ from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.annotator import build_annotator
 from pofe.training.dap import tokenize_pair
+from pofe.training.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
 from pofe.training.online_pairs import label_annotations, sample_and_annotate
-from pofe.training.pair_sources import async_refusal, eval_due, load_data
+from pofe.training.pair_sources import eval_due, load_data, mode_refusal
 from pofe.training.precision import Precision
 from pofe.training.tracking import LogConfig
 
@@ -150,6 +149,8 @@ class OnlineConfig(PofeConfig):
     """Prompts, held-out prompts, the offline preference file."""
     eval: EvalSettings = EvalSettings()
     """Win rate vs the initial policy."""
+    diagnostics: DiagnosticsSettings = DiagnosticsSettings()
+    """OAIF Appendix B's off-policy gap (``pofe.training.diagnostics``)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Resumable checkpoints."""
     log: LogConfig = LogConfig()
@@ -158,16 +159,9 @@ class OnlineConfig(PofeConfig):
     """Where the run folder goes."""
 
     @model_validator(mode="after")
-    def _sampling_must_vary(self) -> "OnlineConfig":
-        if self.mode != "offline" and not self.sampling.temperature > 0:
-            raise ValueError("sampling.temperature must be > 0 for online feedback: greedy samples of a prompt "
-                             "are identical")
-        return self
-
-    @model_validator(mode="after")
-    def _async_needs_a_separate_sampler(self) -> "OnlineConfig":
-        if self.mode == "async" and (why := async_refusal(self)):
-            raise ValueError(why)
+    def _mode_fits(self) -> "OnlineConfig":
+        if why := mode_refusal(self):  # greedy online samples, async's sampler, what offline cannot do
+            raise ConfigError(why)
         return self
 
 
@@ -191,6 +185,7 @@ class OnlineRecipe(Recipe):
 
     def load_data(self) -> None:
         self.items, self.eval_prompts = load_data(self.cfg)
+        self.offpolicy = OffPolicyProbe.load(self.cfg, self.items)
 
     def audit_identity(self) -> dict[str, Any]:
         from pofe.evaluation.audit import judge_identity
@@ -250,6 +245,8 @@ class OnlineRecipe(Recipe):
         t0 = time.perf_counter()
         sp = self.source.pairs(step)  # 1-3. prompts -> samples -> AI feedback (or pairs from the file)
         fault_point(f"{step}:after_judge")
+        probe = self.offpolicy.before_update(step, acc.unwrap_model(self.ddp), self.tokenizer, cfg.sampling,
+                                             device=acc.device) if self.offpolicy else {}
         res, grad_norm = dap_update(acc, self.ddp, self.reference, sp.pairs, optimizer=self.optimizer,  # 4.
                                     loss_fn=self.loss_fn, beta=self.beta, pad_token_id=self.tokenizer.pad_token_id,
                                     cfg=cfg, step=step, times=sp.times)
@@ -257,6 +254,7 @@ class OnlineRecipe(Recipe):
         lr = schedule_step(self.scheduler)
         sp.times["step"] = time.perf_counter() - t0
         row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
+        row.update(self.offpolicy.row(step, probe, sp.pairs, res, acc=acc) if self.offpolicy else {})
         if eval_due(cfg, step):
             row.update(evaluate_vs_initial(acc, self.model, self.tokenizer, self.judges.eval_judge, self.judges.eval_ctx,
                                            self.my_eval, self.initial, sampling=cfg.eval.sampling, seed=cfg.seed,
@@ -270,8 +268,9 @@ class OnlineRecipe(Recipe):
         from pofe.training.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
-        return online_summary(history, self.cfg, beta=self.beta, judge=judge,
-                              engine=self.engine)
+        more = {"offpolicy": offpolicy_summary(history)}
+        return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
+                **{k: v for k, v in more.items() if v is not None}}
 
     def close(self) -> None:
         if self.source is not None:
@@ -282,12 +281,9 @@ class OnlineRecipe(Recipe):
 
 def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, tokenizer=None, judge=None,
         eval_judge=None, require_audit: str | Path | None = None) -> dict[str, Any]:
-    """Run OAIF Algorithm 1 (or its offline / iterative / async variants); returns the summary.
-
-    ``resume``: a run folder to continue from its latest checkpoint (the CLI reads its config).
-    ``model``, ``tokenizer``, ``judge``, ``eval_judge``: in-memory objects instead of building them.
-    ``require_audit``: an audit report of the annotator; refuse to train (``AuditError``) unless it
-    passed for this very judge (mode=offline has no annotator: nothing to gate)."""
+    """Run OAIF Algorithm 1 (or its variants); returns the summary. ``resume``: a run folder to continue;
+    ``model``, ``tokenizer``, ``judge``, ``eval_judge``: in-memory objects instead of building them;
+    ``require_audit``: an audit report of the annotator (AuditError unless it passed for this judge)."""
     if cfg.mode == "offline":
         require_audit = None
     recipe = OnlineRecipe(cfg, model=model, tokenizer=tokenizer, judge=judge, eval_judge=eval_judge,

@@ -27,6 +27,7 @@ are re-exported below; modules inside this package import from the defining modu
 * ``self_reward_stages`` -- the stages of ``pofe self-reward`` and the chain M1 -> M_T they form.
 * ``online_pairs`` -- online pairs: sample, judge both orders, and turn verdicts into pairs.
 * ``reward_model`` -- a causal LM with a scalar head: scoring, loading, held-out margins (rm, rl, judge).
+* ``diagnostics`` -- OAIF Appendix B's off-policy gap in ``pofe online``: log-probs of fresh vs offline responses.
 """
 
 from __future__ import annotations

@@ -303,6 +303,18 @@ def make_source(cfg, acc, ddp_policy, tokenizer, judges, items: list, state: dic
     return SOURCES[cfg.mode](lp, EngineSync(engine, cfg, last=start))
 
 
+def mode_refusal(cfg) -> str | None:
+    """Why ``cfg.mode`` cannot run with ``cfg`` (None: it can)."""
+    if cfg.mode != "offline" and not cfg.sampling.temperature > 0:
+        return "sampling.temperature must be > 0 for online feedback: greedy samples of a prompt are identical"
+    if cfg.mode == "async" and (why := async_refusal(cfg)):
+        return why
+    if cfg.mode != "offline" and cfg.diagnostics.offpolicy and not cfg.diagnostics.offline_responses:
+        return (f"bad value for 'diagnostics.offline_responses': mode={cfg.mode} has no offline responses to compare "
+                "the policy's samples with; give a prompt/chosen/rejected file")
+    return None
+
+
 def async_refusal(cfg) -> str | None:
     """Why mode=async cannot run with ``cfg`` (None: it can). Its background thread samples and
     judges while the step trains, so neither may compute on tensors the step updates."""
@@ -322,4 +334,4 @@ def async_refusal(cfg) -> str | None:
 
 
 __all__ = ["PairSource", "OnlineSource", "IterativeSource", "OfflineSource", "AsyncSource", "EngineSync", "LoopState",
-           "StepPairs", "make_source", "async_refusal", "load_data", "eval_due"]
+           "StepPairs", "make_source", "mode_refusal", "async_refusal", "load_data", "eval_due"]

@@ -257,3 +257,22 @@ def test_the_command_comes_from_run_json_not_from_the_files(tmp_path):
     run = load_run(d)
     assert run.kind == "sft"
     assert write_report(d)["kind"] == "sft"
+
+
+def test_report_online_offpolicy_gap_figure(tmp_path):
+    """OAIF Appendix B's two curves (fresh samples, offline responses) in one figure, and how often
+    the fresh curve is above."""
+    d = tmp_path / "online"
+    rows = [{"step": s, "loss": 0.7, "offpolicy/logp_fresh": -1.0 - 0.1 * s, "offpolicy/logp_offline": -3.0,
+             "offpolicy/gap": 2.0 - 0.1 * s} for s in range(1, 5)]
+    rows.append({"step": 5, "loss": 0.7, "offpolicy/logp_fresh": -3.5, "offpolicy/logp_offline": -3.0,
+                 "offpolicy/gap": -0.5})
+    _jsonl(d / "metrics.jsonl", rows)
+    (d / "run.json").write_text(json.dumps({"command": "online"}))
+    res = write_report(d)
+    assert res["kind"] == "online" and res["plots"][-1] == "offpolicy"
+    page = _check_report(res)
+    assert "Off-policy gap (OAIF Appendix B)" in page and "above at 4 of 5 measured steps" in page
+    # a run without the diagnostic has no such figure
+    assert "offpolicy" not in write_report(_synthetic_online_run(tmp_path / "plain"))["plots"]
+

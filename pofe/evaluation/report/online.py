@@ -6,7 +6,9 @@ own, such as ``sft`` and ``judge``).
   the annotator steering it); position consistency; KL; the per-step time split (generate /
   judge / train / other);
 * ``ledger.jsonl``: the histogram of the judge's p over every annotation (a pile at 0 and 1 is
-  the "overconfident labels" failure mode of rlaif-constitutional-ai).
+  the "overconfident labels" failure mode of rlaif-constitutional-ai);
+* with ``diagnostics.offpolicy``: the policy's mean per-token log-prob of its own fresh samples and of
+  the fixed offline responses over steps (OAIF Appendix B, Fig. 8: the off-policy gap).
 """
 
 from __future__ import annotations
@@ -135,3 +137,18 @@ def _online_plots(run: RunData, add) -> None:
     add("kl", "KL to the reference", "Per-sequence estimate of KL(policy || initial) on sampled responses.",
         _line(rows, [("objective/kl", "KL"), ("kl", "KL")], "KL to the reference policy", "nats"))  # TRL name first
     add("time", "Time split per step", "Seconds per step spent generating, judging and training.", _time_split(rows))
+    _offpolicy_plot(rows, add)
+
+
+def _offpolicy_plot(rows, add) -> None:
+    gap = [_num(r.get("offpolicy/gap")) for r in rows if _num(r.get("offpolicy/gap")) is not None]
+    if not gap:
+        return
+    above = sum(g > 0 for g in gap)
+    add("offpolicy", "Off-policy gap (OAIF Appendix B)",
+        "The current policy's mean log-probability per response token of its own fresh samples and of a fixed set of "
+        "offline responses, at the weights each step trains from. Appendix B (Fig. 8) finds the offline responses "
+        f"clearly less likely: the fresh curve above the offline one. Here it is above at {above} of {len(gap)} "
+        "measured steps.",
+        _line(rows, [("offpolicy/logp_fresh", "fresh samples"), ("offpolicy/logp_offline", "offline responses")],
+              "Log-probability per token under the current policy", "mean log-prob per token"))
