@@ -42,11 +42,11 @@ COMMAND_MODULES = [
 
 _state = {"verbose": False}
 
-# Commands that run data-parallel under torchrun / accelerate launch. Every
-# other command refuses WORLD_SIZE > 1 with one line instead of running N independent copies
-# (two run folders from a 2-process ``pofe sft``). A command joins this set once its loop
-# shards data and all-reduces gradients, with a test.
-DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl"}
+# Commands that run data-parallel under torchrun / accelerate launch (a subcommand as "group
+# sub"). Every other command refuses WORLD_SIZE > 1 with one line instead of running N
+# independent copies (two run folders from a 2-process ``pofe sft``). A command joins this set
+# once its loop shards data (and all-reduces gradients where it trains), with a test.
+DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl", "label", "cai revise", "judge", "eval", "audit"}
 
 
 def present_commands() -> list[str]:
@@ -167,7 +167,11 @@ class LazyGroup(TyperGroup):
         if name is not None and name not in DATA_PARALLEL_COMMANDS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
             from pofe.training.guards import require_single_process
 
-            require_single_process(name)  # raises MultiProcessRefused -> exit 2, one line
+            # a group's subcommand by its path: "cai revise" runs, "cai refusal" is refused
+            group = isinstance(cmd, TyperGroup) and rest and not rest[0].startswith("-")
+            sub = f"{name} {rest[0]}" if group else name
+            if sub not in DATA_PARALLEL_COMMANDS:
+                require_single_process(sub)  # raises MultiProcessRefused -> exit 2, one line
         return name, cmd, rest
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -18,6 +18,12 @@ Two-turn evaluation (MT-Bench, Zheng et al. 2023): when the prompt file is FastC
 ``question.jsonl`` (rows with ``turns``), each policy answers turn 1, then is asked turn 2
 after *its own* first answer; the judge compares the second answers with both transcripts
 in view (FastChat's ``pair-v2-multi-turn``), and both turns are counted.
+
+Data parallel (``torchrun --nproc_per_node N``): each process generates its block of the
+prompts and judges its block of the pairs (:meth:`~pofe.training.parallel.DataParallel.map`);
+every process counts the gathered outcomes (in input order, so the result is the one-process
+run's; sampled responses depend on N, see :func:`~pofe.training.parallel.block_seed`) and rank 0
+writes ``output``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pofe.evaluation.winrate import (
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.training import DeviceConfig
+from pofe.training.parallel import DataParallel, block_seed, launched
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +225,18 @@ def _generate(spec: str, prompts: list, cfg: EvalConfig) -> list[str]:
     return [o[0].text for o in outs]
 
 
+def _sharded(generator, dp: DataParallel):
+    """``generator`` (``(spec, prompts, cfg) -> responses``) over this process's block of the
+    prompts, under the block's seed, every block's responses gathered in input order."""
+    gen = generator or _generate
+
+    def run(spec: str, prompts: list, cfg: EvalConfig) -> list[str]:
+        own = cfg if dp.rank == 0 else cfg.model_copy(update={"seed": block_seed(cfg.seed, dp.rank)})
+        return dp.map(lambda part: gen(spec, part, own), prompts)
+
+    return run
+
+
 def _length(text: str, unit: str) -> int:
     return len(text.split()) if unit == "words" else len(text)
 
@@ -351,11 +370,24 @@ def _turn_pair(q: dict[str, Any], turn: int, ans_a: list[str], ans_b: list[str])
 # --------------------------------------------------------------------------- running
 
 
-def _judge_outcomes(judge, prompts, ra, rb):
+def _judge_outcomes(judge, prompts, ra, rb, dp: DataParallel = DataParallel()):
+    """(p_ab, p_ba) and the outcome of every pair, in input order; each process judges its block."""
     from pofe.evaluation.winrate import head_to_head
 
-    h = head_to_head(judge, prompts, ra, rb)
-    return [(r["p_ab"], r["p_ba"]) for r in h["pairs"]], [r["outcome"] for r in h["pairs"]]
+    rows = dp.map(lambda part: head_to_head(judge, *zip(*part))["pairs"], list(zip(prompts, ra, rb)))
+    return [(r["p_ab"], r["p_ba"]) for r in rows], [r["outcome"] for r in rows]
+
+
+def _write_rows(path: str | None, rows, dp: DataParallel) -> None:
+    """The per-pair rows to ``output`` (rank 0 alone: one file whatever the processes)."""
+    if not path or not dp.main:
+        return
+    from pofe.runs import JsonlWriter
+
+    Path(path).unlink(missing_ok=True)
+    with JsonlWriter(path) as w:
+        for r in rows:
+            w.write(r)
 
 
 def _build_judge(cfg: EvalConfig, judge):
@@ -383,30 +415,28 @@ def guard_eval_output(cfg: EvalConfig, specs: list[str]) -> None:
     guard_outputs({"-o": cfg.output}, [cfg.data.prompts, *reads, *judge_inputs(cfg.judge)])
 
 
-def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
-    """Generate where needed, judge both orders, and summarise (the ``--json`` object)."""
+def run_eval(cfg: EvalConfig, *, judge=None, generator=None, dp: DataParallel | None = None) -> dict[str, Any]:
+    """Generate where needed, judge both orders, and summarise (the ``--json`` object, with
+    ``processes``). ``dp``: the processes to split the work over (default: as launched)."""
     specs = policy_specs(cfg)
     guard_eval_output(cfg, specs)
+    dp = dp if dp is not None else launched(cfg.model.device, command="pofe eval")  # before any model loads
+    gen = _sharded(generator, dp)
     questions = load_turns(cfg.data.prompts) if cfg.data.prompts else None
     if questions is not None:
-        return _run_two_turn(cfg, specs, questions, judge, generator)
-    prompts, sides, counts = collect_counted(cfg, generator)
+        return {**_run_two_turn(cfg, specs, questions, judge, gen, dp), "processes": dp.world}
+    prompts, sides, counts = collect_counted(cfg, gen)
     judge = _build_judge(cfg, judge)
     jid = getattr(judge, "id", str(cfg.judge.kind))
     if len(specs) > 2:
-        return {**_run_many(cfg, specs, prompts, sides, judge, jid), "prompts": counts}
+        return {**_run_many(cfg, specs, prompts, sides, judge, jid, dp), "prompts": counts, "processes": dp.world}
     ra, rb = sides
-    pairs, outcomes = _judge_outcomes(judge, prompts, ra, rb)
+    pairs, outcomes = _judge_outcomes(judge, prompts, ra, rb, dp)
     la = [_length(r, cfg.length_unit) for r in ra]
     lb = [_length(r, cfg.length_unit) for r in rb]
     summary = summarise_outcomes(outcomes, la, lb, n_buckets=cfg.n_buckets)
-    if cfg.output:
-        from pofe.runs import JsonlWriter
-
-        Path(cfg.output).unlink(missing_ok=True)
-        with JsonlWriter(cfg.output) as w:
-            for x, a, b, (ab, ba), o in zip(prompts, ra, rb, pairs, outcomes):
-                w.write({"prompt": x, "response_a": a, "response_b": b, "p_ab": ab, "p_ba": ba, "outcome": o})
+    _write_rows(cfg.output, ({"prompt": x, "response_a": a, "response_b": b, "p_ab": ab, "p_ba": ba, "outcome": o}
+                             for x, a, b, (ab, ba), o in zip(prompts, ra, rb, pairs, outcomes)), dp)
     if cfg.refusal:
         # A policy that wins by refusing less (or more) should be visible next to its win
         # rate: the RLAIF seed's guard against a constitution that only teaches refusal.
@@ -415,33 +445,27 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None) -> dict[str, Any]:
         summary["refusal_a"] = refusal_rate(prompts, ra, max_examples=0).to_dict()
         summary["refusal_b"] = refusal_rate(prompts, rb, max_examples=0).to_dict()
     return {"policy_a": cfg.policy_a, "policy_b": cfg.policy_b, "judge": jid, "length_unit": cfg.length_unit,
-            "prompts": counts, **summary}
+            "prompts": counts, **summary, "processes": dp.world}
 
 
-def _run_many(cfg, specs, prompts, sides, judge, jid) -> dict[str, Any]:
+def _run_many(cfg, specs, prompts, sides, judge, jid, dp: DataParallel) -> dict[str, Any]:
     """Every pair of policies on the same prompts -> win matrix + Bradley-Terry ratings."""
     outcomes: dict[tuple[int, int], list[int | None]] = {}
     rows = []
     for i in range(len(specs)):
         for j in range(i + 1, len(specs)):
-            pairs, outs = _judge_outcomes(judge, prompts, sides[i], sides[j])
+            pairs, outs = _judge_outcomes(judge, prompts, sides[i], sides[j], dp)
             outcomes[(i, j)] = outs
             rows += [{"prompt": x, "policy_a": specs[i], "policy_b": specs[j], "response_a": a, "response_b": b,
                       "p_ab": ab, "p_ba": ba, "outcome": o}
                      for x, a, b, (ab, ba), o in zip(prompts, sides[i], sides[j], pairs, outs)]
     res = compare_policies(specs, outcomes, n_boot=cfg.n_boot, seed=cfg.seed)
     res["mean_len"] = {s: float(np.mean([_length(r, cfg.length_unit) for r in side])) for s, side in zip(specs, sides)}
-    if cfg.output:
-        from pofe.runs import JsonlWriter
-
-        Path(cfg.output).unlink(missing_ok=True)
-        with JsonlWriter(cfg.output) as w:
-            for r in rows:
-                w.write(r)
+    _write_rows(cfg.output, rows, dp)
     return {"mode": "compare", "judge": jid, "n_prompts": len(prompts), "length_unit": cfg.length_unit, **res}
 
 
-def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
+def _run_two_turn(cfg, specs, questions, judge, generator, dp: DataParallel) -> dict[str, Any]:
     if len(specs) != 2:
         raise ValueError("eval: two-turn (MT-Bench) evaluation compares exactly two policies")
     available = len(questions)
@@ -461,7 +485,7 @@ def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
         if not idx:
             continue
         trip = [_turn_pair(questions[i], turn, answers[0][i], answers[1][i]) for i in idx]
-        pairs, outs = _judge_outcomes(judge, [t[0] for t in trip], [t[1] for t in trip], [t[2] for t in trip])
+        pairs, outs = _judge_outcomes(judge, [t[0] for t in trip], [t[1] for t in trip], [t[2] for t in trip], dp)
         la = [_length(answers[0][i][turn], cfg.length_unit) for i in idx]
         lb = [_length(answers[1][i][turn], cfg.length_unit) for i in idx]
         per_turn[f"turn_{turn + 1}"] = summarise_outcomes(outs, la, lb, n_buckets=cfg.n_buckets)
@@ -474,13 +498,7 @@ def _run_two_turn(cfg, specs, questions, judge, generator) -> dict[str, Any]:
                  for i, t, (ab, ba), o in zip(idx, trip, pairs, outs)]
     # Both turns of a question share its difficulty term in the LC fit.
     overall = summarise_outcomes(all_o, all_la, all_lb, instructions=all_q, n_buckets=cfg.n_buckets)
-    if cfg.output:
-        from pofe.runs import JsonlWriter
-
-        Path(cfg.output).unlink(missing_ok=True)
-        with JsonlWriter(cfg.output) as w:
-            for r in rows:
-                w.write(r)
+    _write_rows(cfg.output, rows, dp)
     return {"mode": "two-turn", "policy_a": specs[0], "policy_b": specs[1], "judge": jid,
             "length_unit": cfg.length_unit, "n_questions": len(questions),
             "prompts": {"available": available, "used": len(questions), "limited": available - len(questions)},

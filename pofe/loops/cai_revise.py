@@ -18,6 +18,12 @@ benign rate climbing with the harmful one (seed, "Over-refusal or over-complianc
 The run folder, ``--resume``, checkpoints (every chunk by default) and metrics are the
 driver's (:mod:`pofe.recipe`); each chunk's seed depends on its index only, so a resumed run
 revises the remaining chunks exactly as the interrupted one would have.
+
+Data parallel (``torchrun --nproc_per_node N``): each process revises its block of every chunk
+(:meth:`~pofe.training.parallel.DataParallel.map`) and rank 0 writes the gathered traces in
+input order. The principle draws and sampled texts of a block follow the block's own seed
+(:func:`~pofe.training.parallel.block_seed`), so they depend on N; with one critique principle
+and greedy decoding the rows are the one-process run's.
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ class CaiReviseRecipe(Recipe):
     """chunks of prompts -> one critique_revise per step -> sft.jsonl, preferences.jsonl and refusal rates."""
 
     command = "cai-revise"
+    data_parallel = True
     outputs = ("revisions.jsonl",)
     show = (("unchanged", "unchanged", "{:d}"),)
 
@@ -132,6 +139,10 @@ class CaiReviseRecipe(Recipe):
         super().__init__(cfg)
         self.policy, self.tokenizer, self.generate_fn = model, tokenizer, generate_fn
         self.writer = None
+        self.traces: list[Trace] = []
+        self.benign_traces: list[Trace] = []
+        self.sft: list[dict[str, Any]] = []
+        self.pairs: list = []
 
     def load_data(self) -> None:
         """Constitution and prompts (a bad file fails before any run folder exists), cut into chunks
@@ -155,7 +166,7 @@ class CaiReviseRecipe(Recipe):
         self.n_prompts, self.n_benign = len(prompts), len(benign)
 
     def setup(self, run: RunContext) -> None:
-        self.run_dir = run.dir
+        self.run_dir, self.dp = run.dir, run.dp
         self.total_steps = len(self.chunks)
 
     def restore(self, run: RunContext) -> None:
@@ -163,26 +174,35 @@ class CaiReviseRecipe(Recipe):
 
         c = self.constitution
         self.resumed_after_chunks = run.start if run.resumed else None
-        self.writer = JsonlWriter(run.dir / "revisions.jsonl")  # after the driver rewound it to the checkpoint
+        # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
+        self.writer = JsonlWriter(run.dir / "revisions.jsonl") if run.main else None
         log.info("cai revise: %d red-team + %d benign prompts, %d round(s), constitution %s (%s), %d/%d chunks done",
                  self.n_prompts, self.n_benign, self.cfg.rounds, c.name, c.version, run.start, len(self.chunks))
 
     def step(self, step: int) -> dict[str, Any]:
-        cfg, c = self.cfg, self.constitution
+        c = self.constitution
         which, seed, chunk = self.chunks[step - 1]
+        traces = self.dp.map(lambda part: self._revise(part, seed), chunk)
+        for k, t in enumerate(traces):
+            if self.writer is not None:
+                self.writer.write({**t.to_dict(), "set": which, "constitution_version": c.version, "chunk": step - 1,
+                                   "chunk_complete": k == len(traces) - 1})
+        fault_point(f"{step}:before_metrics")  # crash/resume suite: revisions written, metrics row not
+        return chunk_metrics(which, traces)
+
+    def _revise(self, prompts: list[str], seed: int) -> list[Trace]:
+        """This process's block of a chunk, critiqued and revised under the block's seed."""
+        from pofe.training.parallel import block_seed
+
+        cfg = self.cfg
         if self.policy is None and self.generate_fn is None:  # loaded on the first chunk: a finished run never loads it
             from pofe.models import load_model
 
             self.policy, self.tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
                                                      trust_remote_code=cfg.model.trust_remote_code)
-        traces = critique_revise(self.policy, self.tokenizer, chunk, c, seed=seed, rounds=cfg.rounds, sampling=cfg.sampling,
-                                 critique_sampling=cfg.critique_sampling, few_shot=cfg.few_shot,
-                                 principle_ids=cfg.principles, generate_fn=self.generate_fn)
-        for k, t in enumerate(traces):
-            self.writer.write({**t.to_dict(), "set": which, "constitution_version": c.version, "chunk": step - 1,
-                               "chunk_complete": k == len(traces) - 1})
-        fault_point(f"{step}:before_metrics")  # crash/resume suite: revisions written, metrics row not
-        return chunk_metrics(which, traces)
+        return critique_revise(self.policy, self.tokenizer, prompts, self.constitution, seed=block_seed(seed, self.dp.rank),
+                               rounds=cfg.rounds, sampling=cfg.sampling, critique_sampling=cfg.critique_sampling,
+                               few_shot=cfg.few_shot, principle_ids=cfg.principles, generate_fn=self.generate_fn)
 
     def save_final(self, out: Path) -> Path | None:
         """sft.jsonl and preferences.jsonl from every revisions.jsonl row (no weights, no ``final/``)."""
@@ -200,6 +220,9 @@ class CaiReviseRecipe(Recipe):
         return None
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        # rank 0 read revisions.jsonl in save_final: every process returns the same summary
+        sets = (self.traces, self.benign_traces, self.sft, self.pairs) if self.dp.main else None
+        self.traces, self.benign_traces, self.sft, self.pairs = self.dp.from_main(sets)
         cfg, c, d, sft = self.cfg, self.constitution, self.run_dir, self.sft
         return {
             "constitution": c.name, "constitution_version": c.version,

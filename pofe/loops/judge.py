@@ -4,6 +4,10 @@ config and run; the CLI in :mod:`pofe.cli.judge` maps options to keys and prints
 Writes ``verdicts.jsonl`` (one verdict per row, with the prompt and responses it judged and
 its provenance) and ``summary.json`` into a run folder. Pointwise kinds (rubric,
 expected-score) score ``response_a`` (or a ``response`` column) instead.
+
+Data parallel (``torchrun --nproc_per_node N``): each process judges its block of every batch
+(:meth:`~pofe.training.parallel.DataParallel.map`, its own judge and cache connection) and rank 0
+writes the gathered verdicts in input order.
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ class JudgeRecipe(Recipe):
     """Rows judged in batches of ``batch_size`` (one driver step each), verdicts written after each batch."""
 
     command = "judge"
+    data_parallel = True
     resumable = False  # a verdicts file is one run's output: a new run relabels (the judge cache makes it cheap)
     show = (("mean_p", "p", "{:.2f}"),)
 
@@ -122,12 +127,12 @@ class JudgeRecipe(Recipe):
     def setup(self, run: RunContext) -> None:
         from pofe.judges import build_judge
 
-        cfg = self.cfg
+        cfg, self.dp = self.cfg, run.dp
         self.out_path = Path(cfg.output) if cfg.output else run.dir / "verdicts.jsonl"
-        if self.out_path.exists():
+        if run.main and self.out_path.exists():
             self.out_path.unlink()  # one run's output, never appended to (never an input: checked in load_data)
-        self.judge = build_judge(cfg.judge, **self.runtime)
-        self.writer = JsonlWriter(self.out_path)
+        self.judge = build_judge(cfg.judge, **self.runtime)  # every process its own (and its own cache connection)
+        self.writer = JsonlWriter(self.out_path) if run.main else None  # rank 0 writes the gathered verdicts
         self.verdicts: list = []
         self.t0 = time.perf_counter()
         self.total_steps = math.ceil(len(self.rows) / cfg.batch_size)
@@ -136,18 +141,14 @@ class JudgeRecipe(Recipe):
         size = self.cfg.batch_size
         s = (step - 1) * size
         chunk = self.rows[s:s + size]
-        prompts, refs = [r["prompt"] for r in chunk], [r["reference"] for r in chunk]
-        if self.pointwise:
-            res = self.judge.score(prompts, [r["response_a"] for r in chunk], references=refs)
-        else:
-            res = self.judge.judge(prompts, [r["response_a"] for r in chunk], [r["response_b"] for r in chunk],
-                                   references=refs)
+        res = self.dp.map(self._verdicts, chunk)
         for k, (r, v) in enumerate(zip(chunk, res)):
             # The judged texts travel with the verdict, so verdicts.jsonl is itself a labelled pair
             # file (pofe export, pofe online mode=offline read it).
             row = {"index": s + k, **({"id": r["id"]} if "id" in r else {}), "prompt": r["prompt"],
                    "response_a": r["response_a"], **({"response_b": r["response_b"]} if not self.pointwise else {})}
-            self.writer.write({**row, **v.to_dict()})
+            if self.writer is not None:
+                self.writer.write({**row, **v.to_dict()})
         self.verdicts.extend(res)
         log.info("judged %d/%d rows", min(s + len(chunk), len(self.rows)), len(self.rows))
         vals = [getattr(v, "p", getattr(v, "score", None)) for v in res]
@@ -155,11 +156,20 @@ class JudgeRecipe(Recipe):
         return {"rows": len(chunk), "unreadable": len(res) - len(vals),
                 "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None}
 
+    def _verdicts(self, part: list[dict[str, Any]]) -> list:
+        """This process's block of a batch, judged (pairwise) or scored (pointwise)."""
+        prompts, refs = [r["prompt"] for r in part], [r["reference"] for r in part]
+        if self.pointwise:
+            return self.judge.score(prompts, [r["response_a"] for r in part], references=refs)
+        return self.judge.judge(prompts, [r["response_a"] for r in part], [r["response_b"] for r in part],
+                                references=refs)
+
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         from pofe.judges import summarize_judgments, summarize_scores
 
         cfg, seconds = self.cfg, time.perf_counter() - self.t0
-        calls = getattr(getattr(getattr(self.judge, "backend", None), "stats", None), "calls", 0)
+        # every process's model calls (verdicts are already gathered)
+        calls = int(self.dp.sum(getattr(getattr(getattr(self.judge, "backend", None), "stats", None), "calls", 0)))
         summarize = summarize_scores if self.pointwise else summarize_judgments
         out = summarize(self.verdicts, seconds=round(seconds, 3), model_calls=calls)
         out.update(judge_id=getattr(self.judge, "id", cfg.judge.kind), kind=cfg.judge.kind,

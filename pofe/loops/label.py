@@ -30,6 +30,12 @@ The run folder, ``--resume``, checkpoints (every batch by default: ``checkpoint.
 and metrics are the driver's (:mod:`pofe.recipe`): a resumed run continues after the last
 checkpointed batch, and the rows of a batch cut short are set aside and judged again as one
 batch -- from the judge's SQLite cache, so redoing it is free.
+
+Data parallel (``torchrun --nproc_per_node N``): each process samples its block of the prompts
+and judges its block of every batch (:meth:`~pofe.training.parallel.DataParallel.map`); rank 0
+writes the gathered rows in input order into the one run folder, so labels.jsonl is the
+one-process run's row for row (sampled pairs depend on N, see
+:func:`~pofe.training.parallel.block_seed`; pairs.jsonl fixes them for a resume).
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ class LabelRecipe(Recipe):
     """pairs fixed in setup -> one judged batch per step -> preferences.jsonl and the judge-fitness summary."""
 
     command = "label"
+    data_parallel = True
     outputs = ("labels.jsonl",)
     step_faults = ("after_batch",)
     show = (("mean_p", "p", "{:.2f}"), ("consistency_rate", "consistent", "{:.2f}"))
@@ -136,6 +143,7 @@ class LabelRecipe(Recipe):
         self.prompts: list[str] = []
         self.info: dict[str, Any] | None = None
         self.judgments: list = []
+        self.rows: list[dict[str, Any]] = []
         self.judge_s = self.sample_s = 0.0
         self.writer = None
 
@@ -174,23 +182,27 @@ class LabelRecipe(Recipe):
         from pofe.judges.registry import build_judge
 
         cfg = self.cfg
-        self.run_dir = run.dir
+        self.run_dir, self.dp = run.dir, run.dp
+        # every process its own judge (and its own connection to the WAL-mode cache file)
         self.judge = self.judge if self.judge is not None else build_judge(cfg.judge)
         t0 = time.perf_counter()
-        saved = saved_pairs(run.dir)
+        saved = self.dp.from_main(saved_pairs(run.dir) if run.main else None)
         if saved is not None:
             pairs, self.info = saved
         else:
-            pairs = self.given if self.given is not None else self._sample()
-            save_pairs(run.dir, pairs, self.info)
+            pairs = self.given if self.given is not None else self.dp.map(self._sample, self.prompts)
+            if run.main:
+                save_pairs(run.dir, pairs, self.info)
         self.sample_s = time.perf_counter() - t0
         # Identical samples carry no preference (oat masks them out too): kept in pairs.jsonl, never judged.
         self.identical = sum(a.strip() == b.strip() for _, a, b in pairs)
         self.pairs = [(x, a, b) for x, a, b in pairs if a.strip() != b.strip()]
         self.total_steps = -(-len(self.pairs) // cfg.train.batch_size)
 
-    def _sample(self) -> list[tuple[str, str, str]]:
+    def _sample(self, prompts: list[str]) -> list[tuple[str, str, str]]:
+        """This process's block of the prompts, two samples each."""
         from pofe.generation.pairs import sample_pairs
+        from pofe.training.parallel import block_seed
 
         cfg = self.cfg
         if self.policy is None:
@@ -198,14 +210,15 @@ class LabelRecipe(Recipe):
 
             self.policy, self.tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
                                                      trust_remote_code=cfg.model.trust_remote_code)
-        return sample_pairs(self.policy, self.tokenizer, self.prompts, cfg.sampling, cfg.seed)
+        return sample_pairs(self.policy, self.tokenizer, prompts, cfg.sampling, block_seed(cfg.seed, self.dp.rank))
 
     def restore(self, run: RunContext) -> None:
         from pofe.runs import JsonlWriter
 
         done = min(run.start * self.cfg.train.batch_size, len(self.pairs))
         self.resumed_after = done if run.resumed else None
-        self.writer = JsonlWriter(run.dir / "labels.jsonl")  # after the driver rewound it to the checkpoint
+        # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
+        self.writer = JsonlWriter(run.dir / "labels.jsonl") if run.main else None
         log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(self.pairs),
                  self.identical, done, getattr(self.judge, "id", "?"))
 
@@ -213,11 +226,13 @@ class LabelRecipe(Recipe):
         bs = self.cfg.train.batch_size
         chunk = self.pairs[(step - 1) * bs: step * bs]
         t0 = time.perf_counter()
-        js = self.judge.judge([x for x, _, _ in chunk], [a for _, a, _ in chunk], [b for _, _, b in chunk])
+        js = self.dp.map(lambda part: self.judge.judge([x for x, _, _ in part], [a for _, a, _ in part],
+                                                        [b for _, _, b in part]), chunk)
         rows = []
         for (x, a, b), j in zip(chunk, js):
             rows.append(labelled_row(x, a, b, j, self.cfg.labels))
-            self.writer.write(rows[-1])
+            if self.writer is not None:
+                self.writer.write(rows[-1])
             fault_point(f"{step}:row_{len(rows)}")  # crash/resume suite: mid-batch
         self.judgments += js
         self.judge_s += time.perf_counter() - t0
@@ -235,6 +250,8 @@ class LabelRecipe(Recipe):
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         from pofe.judges.summary import summarize_judgments
 
+        # rank 0 read labels.jsonl in save_final: every process returns the same summary
+        self.rows = self.dp.from_main(self.rows)
         cfg, rows, d = self.cfg, self.rows, self.run_dir
         judge_summary = summarize_judgments(self.judgments, seconds=self.judge_s)
         return {

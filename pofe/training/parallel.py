@@ -1,6 +1,8 @@
 """Data-parallel plumbing shared by the training loops (accelerate): the accelerator, object
-gathering and sums across processes, :class:`DataParallel` (a process's shard of a step and the
-gradient all-reduce), a weights digest to check that copies agree, and the per-step seed.
+gathering and sums across processes, :class:`DataParallel` (a process's shard of a step, the
+gradient all-reduce, and :meth:`DataParallel.map` -- shard, compute, gather in input order --
+that every labelling command runs its items through), a weights digest to check that copies
+agree, and the per-step and per-block seeds.
 
 Kept out of the loops so that a loop reads as its recipe (setup -> loop -> save).
 """
@@ -9,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,15 @@ def sampling_seed(seed: int, step: int, rank: int) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,), generator=g).item())
 
 
+def block_seed(seed: int, rank: int) -> int:
+    """The sampling seed of process ``rank``'s block of a labelling command's items: ``seed`` itself
+    on rank 0 (a one-process run samples exactly as before) and a hash of ``(seed, rank)``
+    elsewhere, so no two blocks share one random stream. A sampled text therefore depends on how
+    many processes split the items (a batched ``generate`` draws one stream for its whole batch);
+    greedy decoding and deterministic judges do not."""
+    return seed if rank == 0 else step_seed(seed, 0, rank)
+
+
 def weights_digest(model) -> str:
     """sha256 of the trainable weights (to check that data-parallel copies agree)."""
     h = hashlib.sha256()
@@ -122,6 +134,11 @@ class DataParallel:
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def device(self):
+        """The accelerator's device for this process (None with one process and no accelerator)."""
+        return None if self.acc is None else self.acc.device
+
     def bounds(self, n: int) -> tuple[int, int]:
         """This process's block of ``n`` items: sizes differ by at most one, blocks in rank order."""
         q, r = divmod(n, self.world)
@@ -142,6 +159,27 @@ class DataParallel:
         if self.world == 1:
             return list(values)
         return [v for part in gather(self.acc, list(values)) for v in part]
+
+    def map(self, fn: Callable[[list[T]], Sequence[R]], items: Sequence[T]) -> list[R]:
+        """``fn`` on this process's block of ``items`` (:meth:`shard`), and every block's results on
+        every process in input order (:meth:`cat`): the one "shard, compute, gather" of the
+        labelling commands (judge verdicts, sampled pairs, revisions, eval responses). ``fn`` takes
+        a list and returns one result per item; an empty block is not computed (a judge is never
+        called on nothing, a model never loaded for nothing). A collective: every process calls it."""
+        mine = self.shard(items)
+        out = list(fn(mine)) if mine else []
+        if len(out) != len(mine):
+            raise RuntimeError(f"{len(out)} results for {len(mine)} items on process {self.rank}")
+        return self.cat(out)
+
+    def from_main(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every process (what only rank 0 reads: the run folder it owns). A
+        collective: every process calls it (the others' ``obj`` is ignored)."""
+        if self.world == 1:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([obj], from_process=0)[0]
 
     def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sum the gradients over processes (one flat buffer per dtype and device). A parameter
@@ -168,6 +206,18 @@ class DataParallel:
     def wait(self) -> None:
         if self.world > 1:
             self.acc.wait_for_everyone()
+
+
+def launched(device: str = "auto", *, command: str) -> DataParallel:
+    """The :class:`DataParallel` of a command that runs outside the driver (``pofe eval``, ``pofe
+    audit``): an accelerator when launched with ``WORLD_SIZE > 1`` (torchrun, accelerate launch),
+    else one process with nothing distributed set up. Call it before any model loads: the
+    accelerator picks this process's GPU, which ``device: auto`` then resolves to."""
+    from pofe.training.guards import world_size
+
+    if world_size() <= 1:
+        return DataParallel()
+    return DataParallel(make_accelerator(device, command=command))
 
 
 def merge_metrics(parts: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:

@@ -109,21 +109,47 @@ def test_world_size_refusal_in_process(monkeypatch):
 
 def test_the_cli_data_parallel_set_is_the_recipes_own_flag():
     """The CLI refuses WORLD_SIZE > 1 before parsing a config for every command outside
-    DATA_PARALLEL_COMMANDS; the driver decides from ``Recipe.data_parallel``. The two agree."""
+    DATA_PARALLEL_COMMANDS; the driver decides from ``Recipe.data_parallel``. The two agree.
+    ``eval`` and ``audit`` run outside the driver: their run functions take their processes
+    from ``launched`` (tests/invariants/test_data_parallel_labelling.py runs both on 2)."""
     import importlib
     import inspect
 
     from pofe.cli.main import DATA_PARALLEL_COMMANDS
     from pofe.recipe import Recipe
 
+    cli_path = {"cai-revise": "cai revise"}  # a recipe's command name -> the words that run it
     flagged = set()
     for module in ("online", "sft", "rm", "rl", "self_reward", "label", "cai_revise", "judge"):
         mod = importlib.import_module(f"pofe.loops.{module}")
         recipes = [c for _, c in inspect.getmembers(mod, inspect.isclass)
                    if issubclass(c, Recipe) and c is not Recipe and c.__module__ == mod.__name__]
         assert recipes, module
-        flagged |= {c.command for c in recipes if c.data_parallel}
-    assert flagged == DATA_PARALLEL_COMMANDS and {"online", "sft", "rm", "rl"} <= flagged
+        flagged |= {cli_path.get(c.command, c.command) for c in recipes if c.data_parallel}
+    outside = {"eval": "pofe/evaluation/eval.py", "audit": "pofe/evaluation/audit/run.py"}
+    for name, path in outside.items():
+        assert "launched(" in (Path(__file__).parents[2] / path).read_text(), path
+    assert flagged | set(outside) == DATA_PARALLEL_COMMANDS
+    assert {"online", "sft", "rm", "rl", "label", "cai revise", "judge"} <= flagged
+
+
+@pytest.mark.parametrize("argv", [["label"], ["judge"], ["eval"], ["audit"], ["cai", "revise"], ["sft"]])
+def test_world_size_2_lets_the_data_parallel_commands_through(monkeypatch, argv):
+    """Under WORLD_SIZE=2 a data-parallel command reaches its config (printed here, nothing runs)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = runner.invoke(app, [*argv, "--print-config"])
+    assert res.exit_code == 0 and "does not run data-parallel" not in res.stderr, res.stderr
+    assert "run:" in res.stdout or "judge:" in res.stdout
+
+
+@pytest.mark.parametrize("argv, name", [(["cai", "refusal"], "cai refusal"), (["self-reward"], "self-reward"),
+                                        (["chat", "hi"], "chat")])
+def test_world_size_2_refuses_the_other_commands_by_their_words(monkeypatch, argv, name):
+    """A group's subcommand is judged by its own words: ``cai revise`` runs data-parallel,
+    ``cai refusal`` (one process answering every prompt) is refused and named."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = runner.invoke(app, [*argv, "--print-config"])
+    assert res.exit_code == 2 and f"error: pofe {name} does not run data-parallel" in res.stderr, res.stderr
 
 
 def test_the_driver_refuses_world_size_2_for_a_single_process_recipe(tmp_path, monkeypatch, tiny_model_dir):

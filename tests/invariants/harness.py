@@ -129,6 +129,13 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+def one_run_folder(work: Path, name: str) -> None:
+    """Rank 0 alone owns the run folder: ``work`` holds the folder ``name`` once and no second
+    folder (``name-2``, ...) from another process."""
+    folders = [p.name for p in work.iterdir() if p.is_dir() and (p / "run.json").exists()]
+    assert folders.count(name) == 1 and not [f for f in folders if f.startswith(name + "-")], folders
+
+
 def final_weights(run_dir: Path) -> Path:
     """``final/model.safetensors`` of a run (self-reward's final/ may be a link to iter_T/model)."""
     return Path(run_dir) / "final" / "model.safetensors"

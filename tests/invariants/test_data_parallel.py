@@ -28,8 +28,8 @@ import yaml
 
 import configs
 from _cli import torchrun
-from harness import (assert_same_rows, final_weights, max_abs_diff, rows, run_pofe, same_weights, summary,
-                     weights)
+from harness import (assert_same_rows, final_weights, max_abs_diff, one_run_folder, rows, run_pofe, same_weights,
+                     summary, weights)
 
 pytestmark = pytest.mark.slow
 
@@ -74,12 +74,6 @@ def _moved(run: Path, model_dir: Path) -> float:
     return same_weights(final_weights(run), Path(model_dir) / "model.safetensors")[1]
 
 
-def _one_run_folder(work: Path, name: str) -> None:
-    # rank 0 alone owns the run folder: no second folder from the other process
-    folders = [p.name for p in work.iterdir() if p.is_dir() and (p / "run.json").exists()]
-    assert folders.count(name) == 1 and not [f for f in folders if f.startswith(name + "-")], folders
-
-
 @pytest.mark.parametrize("command", list(EQUAL))
 def test_two_processes_equal_one_with_the_same_global_batch(command, tmp_path, tiny_model_dir):
     fn, common, one_b, two_b = EQUAL[command]
@@ -96,7 +90,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(command, tmp_path, t
     assert s["steps"] == summary(one.run_dir)["steps"]
     _assert_equal_runs(one.run_dir, two.run_dir, command)
     assert _moved(one.run_dir, tiny_model_dir) > MOVED  # else the equality proves nothing
-    _one_run_folder(tmp_path, "two")
+    one_run_folder(tmp_path, "two")
 
 
 def test_rl_two_processes_keep_identical_weights(tmp_path, tiny_model_dir):
@@ -107,7 +101,7 @@ def test_rl_two_processes_keep_identical_weights(tmp_path, tiny_model_dir):
     assert s["processes"] == 2 and s["weights_identical_across_processes"] is True, s
     assert [r["step"] for r in rows(two.run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     assert _moved(two.run_dir, tiny_model_dir) > MOVED
-    _one_run_folder(tmp_path, "two")
+    one_run_folder(tmp_path, "two")
 
 
 @pytest.mark.parametrize("command, point", [("sft", "3:after_step"), ("rl", "3:after_step")])
@@ -162,7 +156,7 @@ def test_sft_on_two_nodes_equals_one_process(tmp_path, tiny_model_dir):
     s = summary(tmp_path / "nodes")
     assert s["processes"] == 2 and s["weights_identical_across_processes"] is True
     _assert_equal_runs(one.run_dir, tmp_path / "nodes", "sft on two nodes")
-    _one_run_folder(tmp_path, "nodes")
+    one_run_folder(tmp_path, "nodes")
 
 
 def test_online_on_two_nodes_keeps_identical_weights(tmp_path, tiny_model_dir):

@@ -1,7 +1,9 @@
 """Judging for the audit, and its contrast probes.
 
 :func:`_judge_all` is the batched judge loop (progress logged for slow judges) that the
-calibration passes and the probes share. The probes are pairs built from the calibration
+calibration passes and the probes share; under ``torchrun`` each process judges its block of the
+pairs and every process gets all verdicts in input order
+(:meth:`~pofe.training.parallel.DataParallel.map`). The probes are pairs built from the calibration
 items -- the same content with and without filler padding, with and without bullets, with
 and without a confident preamble -- where an unbiased judge sits near p = 0.5 (the seed's
 "controlled contrast pairs"); next to them, the "one token" attacks (a lone ``:`` or
@@ -21,6 +23,7 @@ import numpy as np
 from pofe.data.calibration import CalibrationItem
 from pofe.evaluation.audit.metrics import _mean, _rate_ci, _verdict
 from pofe.records import Judgment
+from pofe.training.parallel import DataParallel
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +77,30 @@ def contrast_pairs(items: Sequence[CalibrationItem], limit: int, seed: int = 0) 
     return out
 
 
-def _judge_all(judge, prompts: list[str], a: list[str], b: list[str], batch_size: int, what: str) -> list[Judgment]:
-    out: list[Judgment] = []
-    t0 = last = time.perf_counter()
-    for s in range(0, len(prompts), batch_size):
-        e = s + batch_size
-        out.extend(judge.judge(prompts[s:e], a[s:e], b[s:e]))
-        now = time.perf_counter()
-        if now - last > 15 or (e >= len(prompts) and now - t0 > 15):  # progress for slow (model) judges only
-            last = now
-            log.info("audit %s: %d/%d pairs judged (%.0f s)", what, min(e, len(prompts)), len(prompts), now - t0)
-    if len(out) != len(prompts):
-        raise RuntimeError(f"judge {getattr(judge, 'id', judge)!r} returned {len(out)} verdicts for {len(prompts)} pairs")
-    return out
+def _judge_all(judge, prompts: list[str], a: list[str], b: list[str], batch_size: int, what: str,
+               dp: DataParallel = DataParallel()) -> list[Judgment]:
+    """Every pair's verdict, in input order: each process judges its block in batches of ``batch_size``."""
+
+    def block(part: list[tuple[str, str, str]]) -> list[Judgment]:
+        ps, xa, xb = (list(c) for c in zip(*part))
+        out: list[Judgment] = []
+        t0 = last = time.perf_counter()
+        for s in range(0, len(ps), batch_size):
+            e = s + batch_size
+            out.extend(judge.judge(ps[s:e], xa[s:e], xb[s:e]))
+            now = time.perf_counter()
+            if now - last > 15 or (e >= len(ps) and now - t0 > 15):  # progress for slow (model) judges only
+                last = now
+                log.info("audit %s: %d/%d pairs judged (%.0f s)", what, min(e, len(ps)), len(ps), now - t0)
+        if len(out) != len(ps):
+            raise RuntimeError(f"judge {getattr(judge, 'id', judge)!r} returned {len(out)} verdicts for {len(ps)} pairs")
+        return out
+
+    return dp.map(block, list(zip(prompts, a, b)))
 
 
-def contrast_metrics(judge, pairs: dict[str, list[tuple[str, str, str]]], batch_size: int, seed: int = 0) -> dict[str, Any]:
+def contrast_metrics(judge, pairs: dict[str, list[tuple[str, str, str]]], batch_size: int, seed: int = 0,
+                     dp: DataParallel = DataParallel()) -> dict[str, Any]:
     """Mean P(variant better) per contrast kind. Half the pairs show the variant as A and half
     as B (seeded), so a judge that does not debias by itself still gets a fair test."""
     rng = np.random.default_rng(seed + 1)
@@ -102,7 +113,7 @@ def contrast_metrics(judge, pairs: dict[str, list[tuple[str, str, str]]], batch_
         prompts = [r[0] for r in rows]
         a = [r[2] if f else r[1] for r, f in zip(rows, flip)]
         b = [r[1] if f else r[2] for r, f in zip(rows, flip)]
-        js = _judge_all(judge, prompts, a, b, batch_size, f"contrast {kind}")
+        js = _judge_all(judge, prompts, a, b, batch_size, f"contrast {kind}", dp)
         pv = [None if j.p is None else (1.0 - j.p if f else j.p) for j, f in zip(js, flip)]
         ok = [x for x in pv if x is not None]
         wins = [_verdict(x) for x in ok]

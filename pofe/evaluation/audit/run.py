@@ -1,5 +1,9 @@
 """Running ``pofe audit``: judge the calibration set (and the contrast probes), measure, check,
-and write the report JSON (what ``--require-audit`` reads) and its HTML page."""
+and write the report JSON (what ``--require-audit`` reads) and its HTML page.
+
+Under ``torchrun --nproc_per_node N`` each process judges its block of every pass (the verdicts
+come back to every process in input order, so the report is the one-process one) and rank 0
+writes the files."""
 
 from __future__ import annotations
 
@@ -18,11 +22,13 @@ from pofe.evaluation.audit.metrics import calibration_metrics
 from pofe.judges.base import as_pairwise
 from pofe.judges.jury import JuryJudge
 from pofe.judges.summary import summarize_judgments
+from pofe.training.parallel import DataParallel, launched
 
 
 def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None = None, *,
-              identity: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Judge the calibration items (and contrast pairs); return the report dict.
+              identity: dict[str, Any] | None = None, dp: DataParallel = DataParallel()) -> dict[str, Any]:
+    """Judge the calibration items (and contrast pairs); return the report dict. ``dp``: the
+    processes that split the judging (every one returns the same report).
 
     ``identity`` is what the report vouches for (default: the judge's id only;
     :func:`audit_from_config` adds :func:`judge_identity` of the config it built the judge
@@ -33,9 +39,9 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         raise ValueError("audit: the calibration set is empty")
     args = ([it.prompt for it in items], [it.response_a for it in items], [it.response_b for it in items])
     t0 = time.perf_counter()
-    js = _judge_all(judge, *args, cfg.batch_size, "calibration")
+    js = _judge_all(judge, *args, cfg.batch_size, "calibration", dp)
     t_cal = time.perf_counter() - t0
-    more = [_judge_all(judge, *args, cfg.batch_size, f"calibration (seed pass {k + 2})") for k in range(cfg.seeds - 1)]
+    more = [_judge_all(judge, *args, cfg.batch_size, f"calibration (seed pass {k + 2})", dp) for k in range(cfg.seeds - 1)]
     metrics = calibration_metrics(items, js, cfg.length_unit, seed_judgments=more,
                                   calibration_method=cfg.calibration_method, seed=cfg.seed)
     # the judges' shared batch summary: cache hits, tokens, truncated reads, hard-label fallbacks
@@ -43,7 +49,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     t1 = time.perf_counter()
     if cfg.contrasts:
         metrics["contrasts"] = contrast_metrics(judge, contrast_pairs(items, cfg.contrast_limit, cfg.seed),
-                                                cfg.batch_size, cfg.seed)
+                                                cfg.batch_size, cfg.seed, dp)
     metrics["seconds"] = {"calibration": round(t_cal, 3), "contrasts": round(time.perf_counter() - t1, 3)}
     checks = evaluate_checks(metrics, cfg.thresholds)
     sources: dict[str, int] = {}
@@ -64,6 +70,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         "metrics": metrics,
         "checks": checks,
         "passed": all(c["passed"] for c in checks.values()),
+        "processes": dp.world,
     }
     if isinstance(judge, JuryJudge):  # each member measured from the same verdicts, next to the pooled jury
         report["jury"] = jury_report(judge, items, js, more, cfg, metrics, checks)
@@ -77,6 +84,7 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
                          "data.calibration)")
     guard_audit_outputs(cfg)
     items = load_calibration(cfg.data.calibration, limit=cfg.data.limit, seed=cfg.seed)
+    dp = launched(command="pofe audit")  # before the judge's model loads: the accelerator picks this process's GPU
     if judge is None:
         from pofe.judges.registry import build_judge
 
@@ -84,8 +92,9 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
         identity = {"judge_id": getattr(judge, "id", None), **judge_identity(cfg.judge)}
     else:
         identity = None
-    report = run_audit(judge, items, cfg, identity=identity)
-    write_audit(report, cfg.output, cfg.html)
+    report = run_audit(judge, items, cfg, identity=identity, dp=dp)
+    if dp.main:  # one report file whatever the processes
+        write_audit(report, cfg.output, cfg.html)
     return report
 
 
