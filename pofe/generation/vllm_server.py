@@ -28,14 +28,17 @@ Every route above but ``/v1/*`` is a development route: servers run with ``VLLM_
 
 Staleness is detected as in the in-process engine (a fingerprint of the parameters' version
 counters): a ``generate`` on changed weights pushes first, and before sampling on unchanged
-ones every server must still report the version pushed last, else the engine refuses (a
-restarted server, or another trainer's push, would otherwise be sampled silently). Every HTTP
+ones every server must still report the version pushed last: one that reports a version another
+model of this process pushed (the reference policy sampled on the same server) is pushed again,
+any other version is refused (a restarted server, or another trainer's push, would otherwise be
+sampled silently). Every HTTP
 call is bounded by ``sampling.server.timeout_s``; a server that does not answer fails the step
 with one line naming its URL and the call (:class:`ServerError`, exit status 1).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -293,7 +296,8 @@ class ServerGenerator:
         self.servers = [Server(u, self.settings.timeout_s, self.settings.max_concurrency) for u in self.settings.base_urls]
         self.allow_stale = False
         self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
-        self.token = uuid.uuid4().hex[:8]  # this trainer process: a version is never mistaken for another run's
+        # this process and this generator: a version is never mistaken for another run's or another model's
+        self.token = f"{_PROCESS}g{next(_GENERATOR_IDS)}"
         self.policy_version = 0  # distinct weight states seen (each optimiser step is one)
         self.served_version = 0  # the one every server holds (0: nothing pushed yet)
         self.served_name: str | None = None
@@ -383,13 +387,16 @@ class ServerGenerator:
         server.call("POST", "/resume", "resuming generation after the weight update")
         return time.perf_counter() - t0
 
-    def verify(self, version: str | None = None) -> float:
+    def versions(self) -> list[tuple[str, str | None]]:
+        """(url, weight version) of every server."""
+        got = self._each(lambda s: (s.url, s.call("GET", "/weight_info", "checking the served weight version")))
+        return [(url, (info or {}).get("weight_version")) for url, info in got]
+
+    def verify(self, version: str | None = None, *, got: list | None = None) -> float:
         """Every server must report ``version`` (default: the one pushed last); returns seconds."""
         t0 = time.perf_counter()
         want = version or self.served_name
-        got = self._each(lambda s: (s.url, s.call("GET", "/weight_info", "checking the served weight version")))
-        for url, info in got:
-            have = (info or {}).get("weight_version")
+        for url, have in got if got is not None else self.versions():
             if have != want:
                 raise ServerError(f"vllm-server {url} reports weight version {have!r}, not {want!r} (pushed by this "
                                   "trainer): it restarted or another trainer pushed; refusing to sample unknown weights")
@@ -478,7 +485,12 @@ class ServerGenerator:
         if self._synced is None or (self.stale and not self.allow_stale):
             self.sync()
         else:
-            self.verify()
+            got = self.versions()
+            other = [v for _, v in got if v != self.served_name]
+            if other and all((v or "").startswith(f"pofe-{_PROCESS}g") for v in other):
+                self.sync()  # another model of this process was pushed since (e.g. pi_0 for its own samples): push back
+            else:
+                self.verify(got=got)
         self._sample_staleness = self.policy_version - self.served_version
         return self.sampled_name
 
@@ -551,3 +563,5 @@ class ServerGenerator:
 
 
 _GENERATORS: weakref.WeakKeyDictionary[Any, ServerGenerator] = weakref.WeakKeyDictionary()
+_PROCESS = uuid.uuid4().hex[:8]
+_GENERATOR_IDS = itertools.count(1)

@@ -350,3 +350,19 @@ def test_an_adapter_lora_policy_loads_a_new_adapter_per_version(fakes, tiny_mode
     with model.disable_adapter():  # pi_0: the base model's name, no adapter
         generate(model, tokenizer, PROMPTS[:1], sampling=s)
     assert a.completions[-1]["model"] == "tiny" and a.posts("/v1/load_lora_adapter") == 2
+
+
+def test_two_models_of_one_process_take_turns_on_a_server(fakes, tokenizer):
+    """pi_0 and the policy sampled on one server (e.g. an evaluation's reference responses): a
+    version another generator of this process pushed is pushed over, not refused."""
+    from pofe.generation import generate
+    from pofe.models import tiny_causal_lm
+
+    (a,) = fakes(1)
+    s = _sampling(a.url)
+    m1, m2 = tiny_causal_lm(tokenizer, seed=1), tiny_causal_lm(tokenizer, seed=2)
+    for m, pushes in ((m1, 1), (m2, 2), (m1, 3), (m1, 3)):
+        generate(m, tokenizer, PROMPTS[:1], sampling=s)
+        assert a.posts("/collective_rpc") == pushes
+        assert torch.equal(a.loaded[-1]["model.norm.weight"], m.model.norm.weight) and \
+            torch.equal(a.loaded[-1]["model.embed_tokens.weight"], m.model.embed_tokens.weight)
