@@ -147,6 +147,8 @@ class RLConfig(PofeConfig):
             # One chunk holding the whole group is all-pairs at all-pairs' cost, not the linear pattern asked for.
             raise ConfigError(f"bad value for 'reward.pairwise.group_size': {pw.group_size} must be smaller than "
                               f"train.group_size ({self.train.group_size}) for pattern chunked (or use all-pairs)")
+        if self.monitor is not None and self.monitor.shaping.active:  # the monitor is never optimised
+            raise ConfigError("bad value for 'monitor.shaping': shaping applies only to the optimised reward; remove it")
         return self
 
 
@@ -159,9 +161,11 @@ class RLRecipe(Recipe):
     data_parallel = True
     show = (("objective/scores", "reward", "{:.3f}"), ("objective/kl", "kl", "{:.3f}"), ("length", "len", "{:.1f}"))
 
-    def __init__(self, cfg: RLConfig, *, policy=None, tokenizer=None, reward_fn: RewardFn | None = None, judge=None):
+    def __init__(self, cfg: RLConfig, *, policy=None, tokenizer=None, reward_fn: RewardFn | None = None, judge=None,
+                 require_audit: str | Path | None = None):
         super().__init__(cfg)
         self.model, self.tokenizer, self.reward_fn, self._judge = policy, tokenizer, reward_fn, judge
+        self.require_audit = require_audit
 
     def load_data(self) -> None:
         from pofe.data.prompts import load_prompt_texts
@@ -211,8 +215,9 @@ class RLRecipe(Recipe):
         batch = dp.shard(batch_for_step(self.train_prompts, cfg.train.batch_size * dp.world, cfg.seed, step))
         # rank 0 keeps the one-process seed; the others are offset past any step count, so no two
         # processes (nor two steps) share a sampling seed
-        return rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
-                       seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
+        row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
+                      seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
+        return row
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"eval_before": self.before}
@@ -224,10 +229,15 @@ class RLRecipe(Recipe):
             v = [h[key] for h in last if h.get(key) is not None]
             return sum(v) / len(v) if v else None
 
+        from pofe.training.rewards import audit_length_bias
+
         keys = ("objective/scores", "objective/kl", "objective/kl_k3", "length", "monitor")
-        return {"algo": cfg.algo, "kl_in": cfg.kl_in, "beta": cfg.beta, "reward": self.reward_fn.id,
-                "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
-                "last5": {k: avg(k) for k in keys}, "eval_before": self.before, "eval_after": self.measure()}
+        out = {"algo": cfg.algo, "kl_in": cfg.kl_in, "beta": cfg.beta, "reward": self.reward_fn.id,
+               "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
+               "last5": {k: avg(k) for k in keys}, "eval_before": self.before, "eval_after": self.measure()}
+        more = {"shaping": cfg.reward.shaping.model_dump() if cfg.reward.shaping.active else None,
+                "audit": audit_length_bias(self.require_audit)}
+        return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 
 def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokenizer=None, reward_fn: RewardFn | None = None,
@@ -235,5 +245,5 @@ def run(cfg: RLConfig, *, resume: str | Path | None = None, policy=None, tokeniz
     """Setup -> RL loop -> save (``<run>/final``). Returns the summary (also ``summary.json``).
 
     ``resume``: a run folder to continue from its latest checkpoint (``cfg`` is its saved config)."""
-    recipe = RLRecipe(cfg, policy=policy, tokenizer=tokenizer, reward_fn=reward_fn, judge=judge)
+    recipe = RLRecipe(cfg, policy=policy, tokenizer=tokenizer, reward_fn=reward_fn, judge=judge, require_audit=require_audit)
     return drive(recipe, resume=resume, require_audit=require_audit)

@@ -55,6 +55,23 @@ class PairwiseRewardConfig(PofeConfig):
         return self
 
 
+class RewardShapingConfig(PofeConfig):
+    """Group length and style shaping of the optimised reward (``pofe.training.rl.group_shaping``):
+    each term is coefficient x feature, centred within each prompt's group of k samples, so a group's
+    mean reward is unchanged and only the ranking inside it moves."""
+
+    length: float = Field(0.0, allow_inf_nan=False)
+    """Added per response token (e.g. -0.01 against a judge that prefers longer answers; see the audit's
+    length_correlation / length_slope)."""
+    lists: float = Field(0.0, allow_inf_nan=False)
+    """Added per markdown list item (a line starting with -, *, + or 1.; e.g. -0.05 against a judge that
+    prefers bulleted answers: the audit's bullets contrast)."""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.length or self.lists)
+
+
 class RewardConfig(PofeConfig):
     """Where the reward comes from."""
 
@@ -105,6 +122,8 @@ class RewardConfig(PofeConfig):
     scale: float = Field(1.0, gt=0)
     """Programmatic: reward = ±scale · length / normaliser (max_new_tokens for tokens, 4x that for chars,
     the same for words), so rewards sit in [−scale, 0] or [0, scale]."""
+    shaping: RewardShapingConfig = RewardShapingConfig()
+    """Length and style terms added to the reward, zero-centred within each prompt's group (any kind)."""
 
     @model_validator(mode="after")
     def _source_given(self):
@@ -156,3 +175,21 @@ def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> Rewar
 
         judge = build_judge(cfg.judge)
     return JudgeScoreReward(judge)
+
+
+_LENGTH_BIAS = ("length_correlation", "length_slope", "longer_preferred_rate", "human_longer_preferred_rate",
+                "p_prefers_lists")
+
+
+def audit_length_bias(report_path) -> dict | None:
+    """What the ``--require-audit`` report that gated the run measured of the judge's length and list
+    bias (Somers' D, logistic slope per sd, how often it picks the longer response next to the humans,
+    P(prefers lists)), with the report's path: kept in the run's summary so that ``pofe report`` can
+    show reward shaping next to the bias it counters, whether or not the report file is still there."""
+    if report_path is None:
+        return None
+    from pofe.evaluation.audit import read_audit_report
+
+    rep = read_audit_report(report_path)  # the gate has already read and accepted it
+    m = rep.get("metrics") or {}
+    return {"path": str(report_path), "judge": rep.get("judge"), **{k: m.get(k) for k in _LENGTH_BIAS}}

@@ -13,6 +13,7 @@ Pure functions where possible, so the numbers can be checked by hand (tests/loop
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
@@ -57,6 +58,41 @@ def masked_group_advantages(total: torch.Tensor, valid: torch.Tensor, k: int, al
             adv_g[v] = group_advantages(total[sl][v].unsqueeze(0), algo).squeeze(0)
             adv[sl] = adv_g
     return adv
+
+
+_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+\S", re.M)
+
+
+def list_items(text: str) -> int:
+    """Markdown list items in a response: lines that start (after indentation) with ``-``, ``*``,
+    ``+``, ``1.`` or ``1)`` followed by a space and text. The list-bias probe's feature: LLM
+    judges prefer bulleted answers (the audit's ``bullets`` contrast, alpaca_eval's P(prefers lists))."""
+    return len(_LIST_ITEM.findall(text))
+
+
+def group_shaping(features: dict[str, torch.Tensor], coefs: dict[str, float], valid: torch.Tensor,
+                  k: int) -> dict[str, torch.Tensor]:
+    """Zero-centred shaping terms, one (G·k,) tensor per feature: within each prompt's group,
+    coef · (x_i − mean of x over the group's scored samples), 0 for unscored samples.
+
+    Centring inside the group leaves every group's mean reward (over its scored samples) where
+    the reward put it -- ``objective/scores`` keeps its meaning -- and moves only the ranking
+    inside the group, which is all a group baseline (RLOO or GRPO) learns from. A group with one
+    scored sample gets 0 (nothing to rank). Use it against a judge's measured bias, e.g.
+    ``length: -0.01`` per token against a judge that prefers the longer response."""
+    out = {}
+    for name, x in features.items():
+        term = torch.zeros(len(x), dtype=torch.float64)
+        for g in range(len(x) // k):
+            sl = slice(g * k, (g + 1) * k)
+            v = valid[sl]
+            if int(v.sum()) >= 2:
+                xs = x[sl].to(torch.float64)
+                part = torch.zeros(k, dtype=torch.float64)
+                part[v] = coefs[name] * (xs[v] - xs[v].mean())
+                term[sl] = part
+        out[name] = term
+    return out
 
 
 def kl_terms(policy_tok: torch.Tensor, ref_tok: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:

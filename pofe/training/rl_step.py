@@ -13,7 +13,8 @@ import torch
 from pofe.generation import SamplingConfig
 from pofe.training.parallel import DataParallel, merge_metrics
 from pofe.training.precision import autocast
-from pofe.training.rl import RewardFn, kl_terms, masked_group_advantages, pg_loss, token_logprobs
+from pofe.training.rl import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
+                              token_logprobs)
 
 
 def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: RewardFn, optimizer, scheduler,
@@ -34,6 +35,8 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
 
     valid = torch.tensor([r is not None for r in raw])
     r = torch.tensor([float(v) if v is not None else 0.0 for v in raw])
+    shaped, shaping = shape_rewards(r, comps, valid, k, cfg.reward.shaping)
+    shaping_row = shaping_metrics(shaping, valid, dp)  # this process's groups, summed over processes
     pad = tokenizer.pad_token_id
     n = len(comps)
     n_all = dp.sum(n)
@@ -52,9 +55,9 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
                 plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
                 kt = kl_terms(plp, rlp, m)
                 k1[s:s + len(plp)], k3[s:s + len(plp)] = kt["k1"].cpu(), kt["k3"].cpu()
-        total = r - cfg.beta * k1
+        total = shaped - cfg.beta * k1
     else:
-        total = r.clone()
+        total = shaped.clone()
     adv = masked_group_advantages(total, valid, k, cfg.algo)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
@@ -89,6 +92,7 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         "grad_norm": gn, "learning_rate": lr,
         "seconds": {"generate": round(t1 - t0, 3), "reward": round(t2 - t1, 3), "update": round(t3 - t2, 3)},
     }
+    row.update(shaping_row)
     if mon is not None:
         mv = [v for v in dp.cat(mon) if v is not None]
         row["monitor"] = sum(mv) / len(mv) if mv else None
@@ -97,6 +101,31 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         row["judge"] = info["score_distribution"]
     row.update(info.get("metrics") or {})  # the reward's own counts (a tournament's judge calls, unreadable, ties)
     return row
+
+
+def shape_rewards(r: torch.Tensor, comps, valid: torch.Tensor, k: int, shaping) -> tuple[torch.Tensor, dict]:
+    """The reward plus the zero-centred group shaping terms of ``reward.shaping`` (length in response
+    tokens, markdown list items), and the terms by name (empty when shaping is off)."""
+    if not shaping.active:
+        return r, {}
+    feats = {"length": torch.tensor([float(c.num_tokens) for c in comps]),
+             "lists": torch.tensor([float(list_items(c.text)) for c in comps])}
+    coefs = {"length": shaping.length, "lists": shaping.lists}
+    terms = group_shaping({n: x for n, x in feats.items() if coefs[n]}, coefs, valid, k)
+    return r + sum(terms.values()).to(r.dtype), terms
+
+
+def shaping_metrics(terms: dict, valid: torch.Tensor, dp: DataParallel) -> dict[str, float]:
+    """``reward/shaping_abs``: mean |sum of the shaping terms| over the scored samples of every
+    process (and ``reward/shaping_<term>_abs`` per term): how far shaping moves a reward."""
+    if not terms:
+        return {}
+    n = dp.sum(int(valid.sum()))
+    total = sum(terms.values())
+    out = {"reward/shaping_abs": dp.sum(float(total[valid].abs().sum())) / n if n else None}
+    for name, t in terms.items():
+        out[f"reward/shaping_{name}_abs"] = dp.sum(float(t[valid].abs().sum())) / n if n else None
+    return out
 
 
 @torch.no_grad()

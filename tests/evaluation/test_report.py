@@ -276,3 +276,22 @@ def test_report_online_offpolicy_gap_figure(tmp_path):
     # a run without the diagnostic has no such figure
     assert "offpolicy" not in write_report(_synthetic_online_run(tmp_path / "plain"))["plots"]
 
+
+def test_report_rl_shaping_next_to_the_audits_length_bias(tmp_path):
+    d = tmp_path / "rl"
+    rows = [{"step": s, "objective/scores": 0.1, "objective/kl": 0.01, "objective/kl_k3": 0.01, "length": 20.0,
+             "reward/shaping_abs": 0.05 * s, "reward/shaping_length_abs": 0.05 * s} for s in range(1, 4)]
+    _jsonl(d / "metrics.jsonl", rows)
+    audit = {"path": "audit.json", "judge": "llm:x", "length_correlation": 0.31, "length_slope": 1.25,
+             "longer_preferred_rate": 0.8, "human_longer_preferred_rate": 0.55, "p_prefers_lists": None}
+    (d / "summary.json").write_text(json.dumps({"algo": "rloo", "shaping": {"length": -0.01, "lists": 0.0},
+                                                "audit": audit}))
+    res = write_report(d)
+    assert res["kind"] == "rl" and "shaping" in res["plots"]
+    page = _check_report(res)
+    assert "coefficients: length -0.01 per token, lists 0.0 per list item" in page
+    assert ("measured: length correlation (Somers&#x27; D) 0.310, length slope 1.25 logit per sd, picks the longer "
+            "response 0.800 (humans 0.550), P(prefers lists) not measured") in page
+    (d / "summary.json").write_text(json.dumps({"algo": "rloo", "shaping": {"length": -0.01, "lists": 0.0}}))
+    page = _check_report(write_report(d))
+    assert "not gated by an audit (--require-audit)" in page

@@ -1,5 +1,6 @@
 """Plots of a ``pofe rl`` run: reward, KL (k1 and k3), response length, held-out reward before
-and after."""
+and after; with ``reward.shaping``, the shaping term's size next to the length bias the gating audit
+measured."""
 
 from __future__ import annotations
 
@@ -26,3 +27,35 @@ def _rl_plots(run: RunData, add) -> None:
             f"Mean reward on held-out prompts (n = {b.get('n')} before, {a.get('n')} after samples).",
             _bars_png([f"before (n={b.get('n')})", f"after (n={a.get('n')})"], [b["reward"], a["reward"]],
                       "Held-out reward", "reward"))
+    _shaping_plot(run, add)
+
+
+def audit_bias_text(audit: dict | None) -> str:
+    """The gating audit's length and list bias in words (``summary.audit``, kept from the
+    ``--require-audit`` report), or why there is none."""
+    if not isinstance(audit, dict):
+        return "The run was not gated by an audit (--require-audit), so no measured length bias is recorded."
+
+    def f(key, fmt="{:.3f}"):
+        v = _num(audit.get(key))
+        return "not measured" if v is None else fmt.format(v)
+
+    return (f"The gating audit ({audit.get('path')}, judge {audit.get('judge')}) measured: length correlation "
+            f"(Somers' D) {f('length_correlation')}, length slope {f('length_slope', '{:.2f}')} logit per sd, picks the "
+            f"longer response {f('longer_preferred_rate')} (humans {f('human_longer_preferred_rate')}), "
+            f"P(prefers lists) {f('p_prefers_lists')}.")
+
+
+def _shaping_plot(run: RunData, add) -> None:
+    rows = run.metrics
+    keys = [("reward/shaping_abs", "all terms"), ("reward/shaping_length_abs", "length"),
+            ("reward/shaping_lists_abs", "lists")]
+    png = _line(rows, keys, "Reward shaping per step (mean |term|)", "reward units")
+    if png is None:
+        return
+    sm = run.summary or {}
+    coefs = sm.get("shaping") or ((run.config.get("reward") or {}).get("shaping") if run.config else None) or {}
+    add("shaping", "Reward shaping and the judge's measured length bias",
+        f"Mean absolute size of the zero-centred group shaping term (coefficients: length {coefs.get('length')} per "
+        f"token, lists {coefs.get('lists')} per list item), next to the scores it shifts. {audit_bias_text(sm.get('audit'))}",
+        png)
