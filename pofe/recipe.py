@@ -137,6 +137,13 @@ class Recipe:
         recipe writes its own "step finished" marker, so a marker never exists without its row
         (self-reward's ``iter_t/metrics.json``)."""
 
+    def stop_after(self, step: int):
+        """A :class:`pofe.errors.PofeError` ending the run cleanly after ``step`` (every process returns
+        the same), else None: the driver writes that step's checkpoint and ``summary.json`` (with
+        ``stopped``), no ``final/``, then raises it, so ``--resume`` continues from it (a judge-drift
+        stop, ``pofe.training.drift``)."""
+        return None
+
     def checkpoint_state(self) -> dict[str, Any]:
         """The recipe's own plain-JSON state an exact resume needs (called on every process)."""
         return {}
@@ -315,7 +322,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     run = RunContext(dir=path, resumed=resume is not None or run_dir is not None, acc=acc)
     keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     seed_everything(cfg.seed)
-    sink = bar = None
+    sink = bar = stopped = None
     step = 0
     try:
         recipe.setup(run)
@@ -340,12 +347,15 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
             recipe.after_row(step)
             for name in ("after_step", *recipe.step_faults):
                 fault_point(f"{step}:{name}")  # crash/resume suite: metrics row written, no checkpoint yet
-            if recipe.resumable and checkpoint_due(cfg.checkpoint.every, step, total):
+            stopped = recipe.stop_after(step)
+            if recipe.resumable and (stopped is not None or checkpoint_due(cfg.checkpoint.every, step, total)):
                 _save(run, recipe, step, cfg.checkpoint.keep_last)
                 fault_point(f"{step}:after_checkpoint")
+            if stopped is not None:
+                break
         step = max(step, run.start)
         out = None
-        if run.main:  # a torn final/ (crash while saving) is rewritten from the checkpoint's weights
+        if run.main and stopped is None:  # a torn final/ (crash while saving) is rewritten from the checkpoint's weights
             final = run.dir / "final"
             out = recipe.save_final(final) if step > run.start or not final_complete(final) else final
         run.wait()
@@ -359,6 +369,10 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     summary = {"command": recipe.command, "run_dir": str(run.dir), "final_model": str(out) if out else None,
                "steps": total, "steps_run": step - run.start, "resumed_from": run.start if resume is not None or run.start else None,
                "seconds": round(time.perf_counter() - t0, 2), **_processes(run, recipe), **recipe.summary(history)}
+    if stopped is not None:
+        summary["stopped"] = {"step": step, "error": str(stopped), "exit_code": stopped.exit_code}
     if run.main:
         atomic_write_text(run.dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    if stopped is not None:
+        raise stopped
     return summary

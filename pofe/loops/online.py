@@ -17,7 +17,7 @@ Modes are pair sources (:mod:`pofe.training.pair_sources`): ``online`` (the abov
 ``iterative`` (steps 1-3 for K steps at once), ``offline`` (a fixed file: OAIF's baseline).
 Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotator is
 :mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; Appendix
-B's off-policy gap :mod:`pofe.training.diagnostics`.
+B's off-policy gap :mod:`pofe.training.diagnostics`; judge drift :mod:`pofe.training.drift`.
 Data parallel (gradients all-reduced; FSDP / ZeRO-3 refused: sampling needs whole parameters)::
 
     torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
@@ -43,6 +43,7 @@ from pofe.training import ModelConfig, OptimConfig
 from pofe.training.annotator import build_annotator
 from pofe.training.dap import tokenize_pair
 from pofe.training.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
+from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
 from pofe.training.online_pairs import label_annotations, sample_and_annotate
 from pofe.training.pair_sources import eval_due, load_data, mode_refusal
 from pofe.training.precision import Precision
@@ -151,6 +152,8 @@ class OnlineConfig(PofeConfig):
     """Win rate vs the initial policy."""
     diagnostics: DiagnosticsSettings = DiagnosticsSettings()
     """OAIF Appendix B's off-policy gap (``pofe.training.diagnostics``)."""
+    audit: DriftSettings = DriftSettings()
+    """Judge drift: the live annotator re-audited every ``audit.every`` steps (``pofe.training.drift``)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Resumable checkpoints."""
     log: LogConfig = LogConfig()
@@ -186,6 +189,7 @@ class OnlineRecipe(Recipe):
     def load_data(self) -> None:
         self.items, self.eval_prompts = load_data(self.cfg)
         self.offpolicy = OffPolicyProbe.load(self.cfg, self.items)
+        self.drift = DriftMonitor.load(self.cfg.audit, self.cfg.seed)
 
     def audit_identity(self) -> dict[str, Any]:
         from pofe.evaluation.audit import judge_identity
@@ -255,11 +259,15 @@ class OnlineRecipe(Recipe):
         sp.times["step"] = time.perf_counter() - t0
         row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
         row.update(self.offpolicy.row(step, probe, sp.pairs, res, acc=acc) if self.offpolicy else {})
+        row.update(self.drift.check(step, self.judges.judge, self.judges.ctx) if self.drift else {})
         if eval_due(cfg, step):
             row.update(evaluate_vs_initial(acc, self.model, self.tokenizer, self.judges.eval_judge, self.judges.eval_ctx,
                                            self.my_eval, self.initial, sampling=cfg.eval.sampling, seed=cfg.seed,
                                            run_dir=self.run.dir, step=step))
         return row
+
+    def stop_after(self, step: int):
+        return self.drift.stop_after(step) if self.drift else None  # a drift stop (audit.on_drift=stop)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return self.source.state()  # every process: the label buffers are gathered there
@@ -268,7 +276,7 @@ class OnlineRecipe(Recipe):
         from pofe.training.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
-        more = {"offpolicy": offpolicy_summary(history)}
+        more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history)}
         return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
                 **{k: v for k, v in more.items() if v is not None}}
 

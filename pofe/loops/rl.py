@@ -50,6 +50,7 @@ from pofe.generation import SamplingConfig
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
+from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
 from pofe.training.precision import Precision
 from pofe.training.rewards import PairwiseRewardConfig, RewardConfig, build_reward
 from pofe.training.rl import RewardFn
@@ -131,6 +132,8 @@ class RLConfig(PofeConfig):
     """Seeds sampling, batches and initialisation."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""
+    audit: DriftSettings = DriftSettings()
+    """Judge drift: the reward's live judge re-audited every ``audit.every`` steps (``pofe.training.drift``)."""
 
     @field_validator("sampling")
     @classmethod
@@ -149,6 +152,8 @@ class RLConfig(PofeConfig):
                               f"train.group_size ({self.train.group_size}) for pattern chunked (or use all-pairs)")
         if self.monitor is not None and self.monitor.shaping.active:  # the monitor is never optimised
             raise ConfigError("bad value for 'monitor.shaping': shaping applies only to the optimised reward; remove it")
+        if self.audit.every and self.reward.kind == "programmatic":
+            raise ConfigError("bad value for 'audit.every': reward.kind=programmatic has no judge to re-audit")
         return self
 
 
@@ -176,6 +181,7 @@ class RLRecipe(Recipe):
         self.train_prompts, self.eval_prompts = (prompts[:-n_eval], prompts[-n_eval:]) if n_eval else (prompts, [])
         if not self.train_prompts:
             raise DataError(f"rl: no prompts in {cfg.data.prompts!r}")
+        self.drift = DriftMonitor.load(cfg.audit, cfg.seed)  # an unreadable calibration file fails before any model
 
     def audit_identity(self):
         from pofe.evaluation.audit import reward_identity
@@ -217,7 +223,11 @@ class RLRecipe(Recipe):
         # processes (nor two steps) share a sampling seed
         row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
                       seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
+        row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None)) if self.drift else {})
         return row
+
+    def stop_after(self, step: int):
+        return self.drift.stop_after(step) if self.drift else None  # a drift stop (audit.on_drift=stop)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"eval_before": self.before}
@@ -236,7 +246,7 @@ class RLRecipe(Recipe):
                "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
                "last5": {k: avg(k) for k in keys}, "eval_before": self.before, "eval_after": self.measure()}
         more = {"shaping": cfg.reward.shaping.model_dump() if cfg.reward.shaping.active else None,
-                "audit": audit_length_bias(self.require_audit)}
+                "audit": audit_length_bias(self.require_audit), "drift": drift_summary(history)}
         return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 

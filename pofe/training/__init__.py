@@ -28,6 +28,7 @@ are re-exported below; modules inside this package import from the defining modu
 * ``online_pairs`` -- online pairs: sample, judge both orders, and turn verdicts into pairs.
 * ``reward_model`` -- a causal LM with a scalar head: scoring, loading, held-out margins (rm, rl, judge).
 * ``diagnostics`` -- OAIF Appendix B's off-policy gap in ``pofe online``: log-probs of fresh vs offline responses.
+* ``drift`` -- the live judge re-audited every ``audit.every`` steps (online, rl), warning or stopping on a crossing.
 """
 
 from __future__ import annotations

@@ -309,6 +309,11 @@ def mode_refusal(cfg) -> str | None:
         return "sampling.temperature must be > 0 for online feedback: greedy samples of a prompt are identical"
     if cfg.mode == "async" and (why := async_refusal(cfg)):
         return why
+    if cfg.mode == "offline" and cfg.audit.every:  # the file's labels were given, not judged during the run
+        return "bad value for 'audit.every': mode=offline has no annotator to re-audit during training; remove it"
+    if cfg.mode == "async" and cfg.audit.every:  # the re-audit would read the judge the background thread is using
+        return ("bad value for 'audit.every': mode=async judges in a background thread while the step trains; use "
+                "mode=online")
     if cfg.mode != "offline" and cfg.diagnostics.offpolicy and not cfg.diagnostics.offline_responses:
         return (f"bad value for 'diagnostics.offline_responses': mode={cfg.mode} has no offline responses to compare "
                 "the policy's samples with; give a prompt/chosen/rejected file")

@@ -8,11 +8,13 @@ own, such as ``sft`` and ``judge``).
 * ``ledger.jsonl``: the histogram of the judge's p over every annotation (a pile at 0 and 1 is
   the "overconfident labels" failure mode of rlaif-constitutional-ai);
 * with ``diagnostics.offpolicy``: the policy's mean per-token log-prob of its own fresh samples and of
-  the fixed offline responses over steps (OAIF Appendix B, Fig. 8: the off-policy gap).
+  the fixed offline responses over steps (OAIF Appendix B, Fig. 8: the off-policy gap);
+* with ``audit.every``: the live judge's re-audits (:mod:`pofe.evaluation.report.drift`).
 """
 
 from __future__ import annotations
 
+from pofe.evaluation.report.drift import drift_plots
 from pofe.evaluation.report.figures import _figure, _line, _png, _rate_points
 from pofe.evaluation.report.run import RunData, _num
 
@@ -138,6 +140,7 @@ def _online_plots(run: RunData, add) -> None:
         _line(rows, [("objective/kl", "KL"), ("kl", "KL")], "KL to the reference policy", "nats"))  # TRL name first
     add("time", "Time split per step", "Seconds per step spent generating, judging and training.", _time_split(rows))
     _offpolicy_plot(rows, add)
+    drift_plots(run, add)
 
 
 def _offpolicy_plot(rows, add) -> None:

@@ -48,6 +48,9 @@ def flags(run: RunData) -> list[str]:
             top = sum(x >= max(sc) for x in sc) / len(sc) if max(sc) >= 5 else 0.0
             if top >= 0.5:
                 out.append(f"{n}: {top:.0%} of self-judged candidates got the top score ({max(sc):g}): judge collapse")
+    from pofe.evaluation.report.drift import drift_flags
+
+    out += drift_flags(run)
     ps = run.ledger_p
     if len(ps) >= 10:
         extreme = sum(p <= 0.05 or p >= 0.95 for p in ps) / len(ps)

@@ -1,9 +1,10 @@
 """Plots of a ``pofe rl`` run: reward, KL (k1 and k3), response length, held-out reward before
 and after; with ``reward.shaping``, the shaping term's size next to the length bias the gating audit
-measured."""
+measured; with ``audit.every``, the live judge's re-audits."""
 
 from __future__ import annotations
 
+from pofe.evaluation.report.drift import drift_plots
 from pofe.evaluation.report.figures import _bars_png, _line
 from pofe.evaluation.report.run import RunData, _num
 
@@ -28,6 +29,7 @@ def _rl_plots(run: RunData, add) -> None:
             _bars_png([f"before (n={b.get('n')})", f"after (n={a.get('n')})"], [b["reward"], a["reward"]],
                       "Held-out reward", "reward"))
     _shaping_plot(run, add)
+    drift_plots(run, add)
 
 
 def audit_bias_text(audit: dict | None) -> str:
