@@ -9,9 +9,9 @@ join the gather. Judges are programmatic (``length``: deterministic) and generat
 one prompt at a time (``sampling.batch_size: 1``), the parts that do not depend on how many
 processes split the work (sampled texts do: each block draws from its own seed).
 
-Also: SIGKILL of a 2-process ``pofe label`` mid-batch, then ``--resume`` with 2 processes,
-equals the uninterrupted run; two processes share one judge cache file (SQLite in WAL mode, a
-connection each) without losing or corrupting an entry.
+Also: SIGKILL of a 2-process ``pofe label`` mid-batch (or of ``pofe cai revise``, sampling),
+then ``--resume`` with 2 processes, equals the uninterrupted run; two processes share one judge
+cache file (SQLite in WAL mode, a connection each) without losing or corrupting an entry.
 """
 
 from __future__ import annotations
@@ -290,3 +290,25 @@ def test_cai_revise_two_processes_equal_one(tmp_path, varied_model_dir):
     assert [r["prompt"] for r in got[:3]] == PROMPTS[:3] and len({r["responses"][0] for r in got}) == 4
     _same_summary(one.run_dir, two.run_dir)
     one_run_folder(tmp_path, "two")
+
+
+def test_cai_revise_two_process_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir):
+    """Sampled (T 0.7) revisions: each block draws from its chunk's seed and its rank, so a
+    2-process run killed after chunk 2's rows and resumed with 2 processes writes what the
+    uninterrupted 2-process run wrote."""
+    cmd = configs.COMMANDS["cai revise"]
+    with ThreadPoolExecutor(2) as pool:
+        f_full = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, tiny_model_dir, "full"), processes=2)
+        f_crash = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, tiny_model_dir, "crash"), processes=2,
+                              fault="2:before_metrics")
+        full, crash = f_full.result(), f_crash.result()
+    assert full.rc == 0, full.stderr[-3000:]
+    assert crash.rc != 0 and not (crash.run_dir / "summary.json").exists(), crash.stderr[-3000:]
+    resumed = run_pofe(cmd.argv, resume=crash.run_dir, processes=2)
+    assert resumed.rc == 0, resumed.stderr[-3000:]
+    for name in ("revisions.jsonl", "sft.jsonl", "preferences.jsonl"):
+        assert_same_rows(rows(crash.run_dir / name), rows(full.run_dir / name), name)
+    got = rows(full.run_dir / "revisions.jsonl")
+    assert len({r["responses"][0] for r in got}) == 4  # sampled answers that differ, else order proves nothing
+    s = summary(crash.run_dir)
+    assert s["processes"] == 2 and s["resumed_from"] == 1 and s["steps"] == 3
