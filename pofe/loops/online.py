@@ -259,7 +259,7 @@ class OnlineRecipe(Recipe):
         sp.times["step"] = time.perf_counter() - t0
         row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
         row.update(self.offpolicy.row(step, probe, sp.pairs, res, acc=acc) if self.offpolicy else {})
-        row.update(self.drift.check(step, self.judges.judge, self.judges.ctx) if self.drift else {})
+        row.update(self.drift.check(step, self.judges.judge, self.judges.ctx, self.run.dp) if self.drift else {})
         if eval_due(cfg, step):
             row.update(evaluate_vs_initial(acc, self.model, self.tokenizer, self.judges.eval_judge, self.judges.eval_ctx,
                                            self.my_eval, self.initial, sampling=cfg.eval.sampling, seed=cfg.seed,

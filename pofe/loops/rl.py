@@ -223,7 +223,7 @@ class RLRecipe(Recipe):
         # processes (nor two steps) share a sampling seed
         row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
                       seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
-        row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None)) if self.drift else {})
+        row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None), dp=dp) if self.drift else {})
         return row
 
     def stop_after(self, step: int):

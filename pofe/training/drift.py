@@ -109,15 +109,18 @@ class DriftMonitor:
     def due(self, step: int) -> bool:
         return step % self.settings.every == 0
 
-    def check(self, step: int, judge, context: Callable[[], Any] = contextlib.nullcontext) -> dict[str, Any]:
+    def check(self, step: int, judge, context: Callable[[], Any] = contextlib.nullcontext, dp=None) -> dict[str, Any]:
         """The step's ``drift/*`` keys (empty when not due). A crossing logs a warning, or (on_drift:
-        stop) leaves :attr:`stop` for :meth:`stop_after`."""
+        stop) leaves :attr:`stop` for :meth:`stop_after`. ``dp``: the run's processes, which split
+        the judging and all get the same report (a collective: every process calls it)."""
         from pofe.evaluation.audit import describe_check, run_audit
+        from pofe.training.parallel import DataParallel
 
         if judge is None or not self.due(step):
             return {}
         with context():
-            report = run_audit(judge, self.items, self.audit, identity={"judge_id": getattr(judge, "id", None)})
+            report = run_audit(judge, self.items, self.audit, identity={"judge_id": getattr(judge, "id", None)},
+                               dp=dp if dp is not None else DataParallel())
         row = drift_row(report)
         failed = row["drift/failed"]
         if failed and self.stop is None:
