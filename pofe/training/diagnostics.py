@@ -41,8 +41,8 @@ class DiagnosticsSettings(PofeConfig):
     ``offpolicy/gap`` = fresh - offline."""
     offpolicy_every: int = Field(1, ge=1)
     """Measure every N steps. Every step by default: the fresh half reuses the update's policy pass and the
-    offline half is one no-grad pass over 2 x offline_rows responses (~1/10 of a CPU step of 4 prompts); in
-    mode=offline it also samples one response per row."""
+    offline half is one no-grad forward over 2 x offline_rows responses (no sampling, no judging, no backward);
+    in mode=offline it also samples one response per row."""
     offline_responses: str | None = None
     """A prompt/chosen/rejected file whose responses are the offline set; None = data.preferences (mode=offline).
     Required with offpolicy in the other modes."""
