@@ -10,15 +10,18 @@ prompts are split in contiguous blocks across ``sampling.server.base_urls`` and 
 input order.
 
 Weight push (:meth:`ServerGenerator.sync`), through vLLM's own update path; on each server:
-``/pause?mode=wait`` (nothing is scheduled while weights change), the transfer, ``/reset_prefix_cache``
-(prompt KV computed with the old weights must not be continued from), ``/update_weight_version``
-(a name unique to this trainer process and this policy version), ``/resume``; then ``/weight_info``
-must report that version. The transfers:
+``/pause?mode=wait`` (nothing is scheduled while weights change), the transfer,
+``/reset_prefix_cache`` (prompt KV computed with the old weights must not be continued from),
+``/update_weight_version`` (a name unique to this trainer process, this model and this policy
+version), ``/resume``; then ``/weight_info`` must report that version. The transfers:
 
 * ``weight_sync: checkpoint`` (CPU and GPU): the weights in checkpoint naming are written as one
   safetensors file to a folder the server reads (``weights_dir``), and the server's workers run
   ``reload_weights(weights_path=...)`` through ``/collective_rpc``: vLLM's in-place reload,
-  which also redoes the CPU backend's weight repacking (shared/docs/vllm-cpu.md).
+  which also redoes the CPU backend's weight repacking (shared/docs/vllm-cpu.md). vLLM's RL
+  routes' own transfer (``/update_weights``) needs a weight-transfer engine, whose backends are
+  NCCL and CUDA IPC: GPU-only. A tied LM head is written under its own name too
+  (:func:`save_checkpoint`).
 * ``weight_sync: nccl`` (GPUs only, untested on this CPU machine): vLLM's NCCL weight-transfer
   engine, the trainer broadcasting from its GPU as rank 0 of a group with the server's workers.
 * LoRA with ``lora_sync: adapter``: the adapter alone, loaded under a new adapter name per
@@ -31,9 +34,9 @@ counters): a ``generate`` on changed weights pushes first, and before sampling o
 ones every server must still report the version pushed last: one that reports a version another
 model of this process pushed (the reference policy sampled on the same server) is pushed again,
 any other version is refused (a restarted server, or another trainer's push, would otherwise be
-sampled silently). Every HTTP
-call is bounded by ``sampling.server.timeout_s``; a server that does not answer fails the step
-with one line naming its URL and the call (:class:`ServerError`, exit status 1).
+sampled silently). Every HTTP call is bounded by ``sampling.server.timeout_s``; a server that does
+not answer fails the step with one line naming its URL and the call (:class:`ServerError`, exit
+status 1). One process pushes: data-parallel runs (``WORLD_SIZE`` > 1) are refused.
 """
 
 from __future__ import annotations
