@@ -19,8 +19,9 @@ version), ``/resume``; then ``/weight_info`` must report that version. The trans
   safetensors file to a folder the server reads (``weights_dir``), and the server's workers run
   ``reload_weights(weights_path=...)`` through ``/collective_rpc``: vLLM's in-place reload,
   which also redoes the CPU backend's weight repacking (shared/docs/vllm-cpu.md). vLLM's RL
-  routes' own transfer (``/update_weights``) needs a weight-transfer engine, whose backends are
-  NCCL and CUDA IPC: GPU-only. A tied LM head is written under its own name too
+  routes' own transfer (``/update_weights``) needs a weight-transfer engine; its built-in
+  backends are NCCL, CUDA IPC, Ray direct transport and ModelExpress (GPU transports or extra
+  packages; not tried on CPU). A tied LM head is written under its own name too
   (:func:`save_checkpoint`).
 * ``weight_sync: nccl`` (GPUs only, untested on this CPU machine): vLLM's NCCL weight-transfer
   engine, the trainer broadcasting from its GPU as rank 0 of a group with the server's workers.
