@@ -41,6 +41,12 @@ pytestmark = pytest.mark.slow
 LR = 1e-3
 ATOL = LR / 10
 RTOL = 1e-5
+# After step 1 the two runs' weights may already differ by up to ATOL, so later steps' loss and
+# gradient norm are taken on slightly different weights (rm's step-6 gradient norm differed by
+# 1.6e-4 relative on an AVX-512 CPU). A shard dropped, doubled or weighted wrongly changes the
+# step's loss or norm by tens of percent, so 1e-3 after step 1 still fails it; step 1, where the
+# weights are identical, keeps RTOL.
+RTOL_LATER = 1e-3
 MOVED = 1e-4
 
 # command -> (config function, common overrides, one process's batch, each of two processes' batch)
@@ -65,7 +71,8 @@ def _assert_equal_runs(one: Path, two: Path, where: str) -> None:
             if ra.get(key) is None:
                 assert rb.get(key) is None, (where, ra["step"], key)
                 continue
-            assert rb[key] == pytest.approx(ra[key], rel=RTOL), (where, ra["step"], key, ra[key], rb[key])
+            rel = RTOL if ra["step"] == 1 else RTOL_LATER
+            assert rb[key] == pytest.approx(ra[key], rel=rel), (where, ra["step"], key, ra[key], rb[key])
         exact = {k: v for k, v in ra.items() if k not in ("loss", "grad_norm") and not isinstance(v, float)}
         assert exact == {k: rb[k] for k in exact}, (where, ra["step"])
 
