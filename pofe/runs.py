@@ -430,6 +430,28 @@ def untrusted_settings(cfg: BaseModel | dict) -> list[tuple[str, Any]]:
     return found
 
 
+RESUMABLE_SETTINGS = ("judge.budget", "reward.judge.budget")
+"""Keys ``--resume RUN --set KEY=VALUE`` may change: limits on what a run may spend, never on what
+it computes (a resumed run otherwise keeps its saved config.yaml)."""
+
+
+def rewrite_resumed_config(run_dir: str | Path, cfg: BaseModel) -> None:
+    """After ``--resume --set`` changed a :data:`RESUMABLE_SETTINGS` key: ``config.yaml`` written
+    again and its sha256 in ``run.json`` updated (the inputs' hashes stay), so a later resume
+    verifies and keeps the new value. Under the folder's lock (a live run's config is never
+    rewritten), by the main process only."""
+    if not _is_main_process():
+        return
+    run_dir = Path(run_dir)
+    lock_run(run_dir)  # held for the run this process is about to continue (open_run takes it again: idempotent)
+    atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
+    path = run_dir / MANIFEST
+    if os.path.lexists(path):
+        manifest = json.loads(read_run_text(path))
+        manifest["config_sha256"] = hashlib.sha256(read_run_bytes(run_dir / "config.yaml")).hexdigest()
+        atomic_write_text(path, json.dumps(manifest, indent=1) + "\n")
+
+
 def write_config(run_dir: Path, cfg: BaseModel) -> Path:
     """``config.yaml`` (the resolved config) and ``run.json`` (what the run started from)."""
     path = Path(run_dir) / "config.yaml"

@@ -72,6 +72,13 @@ def _confirmations(resume: Path, sets: list[str]) -> dict[str, Any]:
     return out
 
 
+def resumable_setting(key: str) -> bool:
+    """A key ``--set`` may change on ``--resume`` (:data:`pofe.runs.RESUMABLE_SETTINGS`)."""
+    from pofe.runs import RESUMABLE_SETTINGS
+
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_SETTINGS)
+
+
 def _check_trust(resume: Path, cfg: PofeConfig, confirmed: dict[str, Any], trust: bool) -> None:
     from pofe.runs import untrusted_settings
 
@@ -79,7 +86,8 @@ def _check_trust(resume: Path, cfg: PofeConfig, confirmed: dict[str, Any], trust
     for key, (value, text) in confirmed.items():
         if key not in found:
             fail(f"--resume {resume}: --set {text} is refused; a resumed run keeps its saved config.yaml "
-                 f"(start a new run to change settings; with --resume, --set only confirms a code-running setting)")
+                 f"(start a new run to change settings; with --resume, --set only confirms a code-running setting or "
+                 f"changes judge.budget)")
         if value != found[key]:
             fail(f"--resume {resume}: --set {key}={value!r} differs from the run's {found[key]!r}; a resumed run "
                  f"keeps its saved config.yaml (start a new run to change it)")
@@ -125,7 +133,10 @@ def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str
         except RunError as e:
             fail(str(e))
         confirmed = _confirmations(resume, sets or [])
-        config, sets, extra = saved, [], {}
+        # a limit such as judge.budget changes what the run may spend, not what it computes: taken on resume
+        sets = [text for key, (_, text) in confirmed.items() if resumable_setting(key)]
+        confirmed = {k: v for k, v in confirmed.items() if not resumable_setting(k)}
+        config, extra = saved, {}
     try:
         cfg = load_config(cls, config, _keep_typed_name(sets or []),
                           {k: v for k, v in (extra or {}).items() if v is not None})
@@ -133,6 +144,13 @@ def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str
         fail(str(e))
     if resume is not None:  # printing the config runs nothing from the folder
         _check_trust(resume, cfg, confirmed, trust_run_config or print_config)
+        if sets and not print_config:
+            from pofe.runs import RunError, rewrite_resumed_config
+
+            try:
+                rewrite_resumed_config(resume, cfg)  # a later resume keeps the new limit
+            except RunError as e:
+                fail(str(e))
     if print_config:
         typer.echo(dump_config(cfg, comments=True), nl=False)
         raise typer.Exit(0)

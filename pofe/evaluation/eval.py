@@ -35,7 +35,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import ConfigError, PofeConfig
 from pofe.evaluation.winrate import (
     compare_policies, count_outcomes, length_controlled_win_rate, length_controlled_win_rate_simple, outcome_value,
 )
@@ -390,12 +390,14 @@ def _write_rows(path: str | None, rows, dp: DataParallel) -> None:
             w.write(r)
 
 
-def _build_judge(cfg: EvalConfig, judge):
-    if judge is not None:
-        return judge
-    from pofe.judges.registry import build_judge
+def _build_judge(cfg: EvalConfig, judge, built: list | None = None):
+    if judge is None:
+        from pofe.judges.registry import build_judge
 
-    return build_judge(cfg.judge)
+        judge = build_judge(cfg.judge)
+    if built is not None:
+        built.append(judge)  # its usage goes into the result
+    return judge
 
 
 def guard_eval_output(cfg: EvalConfig, specs: list[str]) -> None:
@@ -417,16 +419,28 @@ def guard_eval_output(cfg: EvalConfig, specs: list[str]) -> None:
 
 def run_eval(cfg: EvalConfig, *, judge=None, generator=None, dp: DataParallel | None = None) -> dict[str, Any]:
     """Generate where needed, judge both orders, and summarise (the ``--json`` object, with
-    ``processes``). ``dp``: the processes to split the work over (default: as launched)."""
+    ``processes`` and ``judge_usage``: calls, cache hits, tokens in and out, cost, over every
+    process). ``dp``: the processes to split the work over (default: as launched)."""
+    from pofe.judges.usage import usage_sum
+
+    if cfg.judge.budget is not None:  # nothing would read it: one pass, no steps to stop after
+        raise ConfigError("bad value for 'judge.budget': pofe eval judges in one pass with no step to stop after "
+                          "(budgets apply to label, judge, online and rl); remove it")
     specs = policy_specs(cfg)
     guard_eval_output(cfg, specs)
     dp = dp if dp is not None else launched(cfg.model.device, command="pofe eval")  # before any model loads
+    built: list = []  # the judge the evaluation used, for its usage
+    res = _evaluate(cfg, specs, judge, generator, dp, built)
+    return {**res, "judge_usage": usage_sum(built, dp).to_dict()}
+
+
+def _evaluate(cfg: EvalConfig, specs: list[str], judge, generator, dp: DataParallel, built: list) -> dict[str, Any]:
     gen = _sharded(generator, dp)
     questions = load_turns(cfg.data.prompts) if cfg.data.prompts else None
     if questions is not None:
-        return {**_run_two_turn(cfg, specs, questions, judge, gen, dp), "processes": dp.world}
+        return {**_run_two_turn(cfg, specs, questions, judge, gen, dp, built), "processes": dp.world}
     prompts, sides, counts = collect_counted(cfg, gen)
-    judge = _build_judge(cfg, judge)
+    judge = _build_judge(cfg, judge, built)  # after the policies answered (not both in memory)
     jid = getattr(judge, "id", str(cfg.judge.kind))
     if len(specs) > 2:
         return {**_run_many(cfg, specs, prompts, sides, judge, jid, dp), "prompts": counts, "processes": dp.world}
@@ -465,7 +479,8 @@ def _run_many(cfg, specs, prompts, sides, judge, jid, dp: DataParallel) -> dict[
     return {"mode": "compare", "judge": jid, "n_prompts": len(prompts), "length_unit": cfg.length_unit, **res}
 
 
-def _run_two_turn(cfg, specs, questions, judge, generator, dp: DataParallel) -> dict[str, Any]:
+def _run_two_turn(cfg, specs, questions, judge, generator, dp: DataParallel,
+                  built: list | None = None) -> dict[str, Any]:
     if len(specs) != 2:
         raise ValueError("eval: two-turn (MT-Bench) evaluation compares exactly two policies")
     available = len(questions)
@@ -475,7 +490,7 @@ def _run_two_turn(cfg, specs, questions, judge, generator, dp: DataParallel) -> 
             log.info("eval: data.max_prompts=%d compares the first %d of %d questions", cfg.data.max_prompts,
                      len(questions), available)
     answers = [_generate_turns(s, questions, cfg, generator) for s in specs]
-    judge = _build_judge(cfg, judge)
+    judge = _build_judge(cfg, judge, built)
     jid = getattr(judge, "id", str(cfg.judge.kind))
     per_turn = {}
     all_o, all_la, all_lb, all_q = [], [], [], []

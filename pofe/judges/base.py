@@ -252,10 +252,12 @@ class ChoiceRead:
 
     logprobs: dict[str, float] | None
     raw: str = ""
-    tokens: int = 0
+    tokens: int = 0  # tokens in + out of this read (pofe.judges.usage)
     hard_label: bool = False  # text fallback: read from generated text, not log-probs
     truncated: bool = False  # some choice missing from a top-k list
     error: str | None = None
+    tokens_out: int = 0  # of ``tokens``, the generated ones (an endpoint's answer token(s))
+    metered: bool = True  # False: the server reported no usage, ``tokens`` is unknown (0)
 
 
 @dataclass
@@ -263,8 +265,10 @@ class GenOut:
     """One sampled text; ``text`` is None when the backend's answer could not be read."""
 
     text: str | None
-    tokens: int = 0
+    tokens: int = 0  # prompt + generated tokens of this sample (pofe.judges.usage)
     error: str | None = None
+    tokens_out: int = 0  # of ``tokens``, the generated ones
+    metered: bool = True  # False: the server reported no usage, ``tokens`` is unknown (0)
 
 
 @dataclass

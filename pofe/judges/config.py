@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 from pofe.config import ConfigError, PofeConfig
 from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
+from pofe.judges.usage import BudgetConfig, PriceConfig
 from pofe.labels import calibration_map
 from pofe.plugins import PluginError, is_plugin, lookup, name_validator, package_of, plugin_names
 
@@ -179,6 +180,12 @@ class _JudgeKind(PofeConfig):
 
     kind: str
     """Which judge (each kind narrows this to its own name; declared here so it comes first in dumped configs)."""
+    price: PriceConfig | None = None
+    """What the judge's tokens cost, per million in and out (any currency): gives ``cost`` in metrics and
+    summaries (``pofe.judges.usage``). A jury's cost is its members' (each member's own price)."""
+    budget: BudgetConfig | None = None
+    """The most one run may spend on judging (``tokens`` in + out and/or ``cost``): the run stops cleanly after
+    the step that goes past it; ``--resume RUN --set judge.budget.tokens=N`` continues with a larger one."""
 
     def identity(self) -> dict[str, Any]:
         """Everything in this config that can change a label, as a flat-ish JSON dict: what an
@@ -223,7 +230,12 @@ class _JudgeKind(PofeConfig):
 
     def _inapplicable(self) -> list[tuple[str, str]]:
         """(key, why) for each explicitly set setting that this configuration ignores."""
+        if self.budget is not None and self.budget.cost is not None and not self._priced():
+            return [("budget.cost", "a cost budget needs judge.price to turn tokens into cost")]
         return []
+
+    def _priced(self) -> bool:
+        return self.price is not None
 
 
 def _is_set(model: BaseModel, name: str) -> bool:
@@ -515,7 +527,7 @@ class RewardModelJudgeConfig(_JudgeKind):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})
 
 
-_NOT_IDENTITY = {"cache", "batch_size", "device", "concurrency", "timeout_s", "max_retries", "backoff_s",
+_NOT_IDENTITY = {"price", "budget", "cache", "batch_size", "device", "concurrency", "timeout_s", "max_retries", "backoff_s",
                  "max_backoff_s", "rate_limit", "api_key_env", "n_parallel", "n_threads", "identify"}
 
 
@@ -698,7 +710,19 @@ class JuryJudgeConfig(_JudgeKind):
             if PW not in m.capabilities:
                 raise ConfigError(f"bad value for 'judge.members.{i}.kind': {m.kind} is not a pairwise judge "
                                   "(a pointwise score has no log-odds of A over B to pool)")
+            if m.budget is not None:  # only the jury's own budget is read
+                raise ConfigError(f"bad value for 'judge.members.{i}.budget': a budget is the whole jury's; set "
+                                  "judge.budget instead")
             out.append(m)
+        return out
+
+    def _priced(self) -> bool:
+        return any(getattr(m, "price", None) is not None for m in self.members)
+
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        out = super()._inapplicable()
+        if self.price is not None:
+            out.append(("price", "a jury's cost is its members': set judge.members.N.price on each"))
         return out
 
     @field_validator("weights", mode="before")

@@ -27,6 +27,7 @@ from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.judges.cache import JudgeCache, cache_key
 from pofe.judges.probability import clamp, combine_orders, first_choice_probability, is_consistent
 from pofe.judges.templates import Rendered, Template
+from pofe.judges.usage import Metered
 from pofe.records import Judgment
 
 
@@ -43,6 +44,8 @@ class _Read:
     truncated: bool
     error: str | None
     cached: bool = False
+    tokens_out: int = 0  # of ``tokens``, the generated ones (CoT rationale, an endpoint's answer)
+    metered: bool = True  # the backend knew the tokens (an endpoint reported usage)
 
     @property
     def ok(self) -> bool:
@@ -66,8 +69,9 @@ def _dec(x):
     return -math.inf if x == "-inf" else x
 
 
-class LLMPairwiseJudge:
-    """Pairwise judge over any :class:`~pofe.judges.base.JudgeBackend`."""
+class LLMPairwiseJudge(Metered):
+    """Pairwise judge over any :class:`~pofe.judges.base.JudgeBackend`; ``usage()`` counts its
+    backend reads, cache hits and tokens (:mod:`pofe.judges.usage`)."""
 
     def __init__(self, backend, template: Template, *, judge_id: str | None = None, choices: Sequence[str] | None = None,
                  both_orders: bool = True, require_both_orders: bool = True, cot: bool = False,
@@ -147,13 +151,14 @@ class LLMPairwiseJudge:
         rendered = [self._render(*r) for r in reqs]
         raws = [""] * len(rendered)
         gen_tokens = [0] * len(rendered)
+        gen_out, gen_metered = [0] * len(rendered), [True] * len(rendered)
         if self.cot:
             gens = self.backend.generate(rendered, n=1, temperature=self.cot_temperature,
                                          max_new_tokens=self.cot_max_new_tokens, seed=self.seed)
             new = []
             for i, (r, g) in enumerate(zip(rendered, gens)):
                 text = g[0].text
-                gen_tokens[i] = g[0].tokens
+                gen_tokens[i], gen_out[i], gen_metered[i] = g[0].tokens, g[0].tokens_out, g[0].metered
                 if text is None:
                     new.append(None)
                     continue
@@ -170,16 +175,18 @@ class LLMPairwiseJudge:
         c1, c2 = self.choices
         for i, rd in enumerate(reads):
             if rd is None:
-                out.append(_Read(None, None, None, raws[i], gen_tokens[i], False, False, "rationale could not be read"))
+                out.append(_Read(None, None, None, raws[i], gen_tokens[i], False, False, "rationale could not be read",
+                                 tokens_out=gen_out[i], metered=gen_metered[i]))
                 continue
+            meter = {"tokens_out": gen_out[i] + rd.tokens_out, "metered": gen_metered[i] and rd.metered}
             if rd.logprobs is None:
                 out.append(_Read(None, None, None, raws[i] or rd.raw, gen_tokens[i] + rd.tokens, rd.hard_label,
-                                 rd.truncated, rd.error or "unreadable"))
+                                 rd.truncated, rd.error or "unreadable", **meter))
                 continue
             l1, l2 = rd.logprobs[c1], rd.logprobs[c2]
             mass = math.exp(l1) + math.exp(l2) if not rd.hard_label else None
             out.append(_Read(l1, l2, mass, raws[i] or rd.raw, gen_tokens[i] + rd.tokens, rd.hard_label, rd.truncated,
-                             None if first_choice_probability(l1, l2) is not None else "no mass on either choice"))
+                             None if first_choice_probability(l1, l2) is not None else "no mass on either choice", **meter))
         return out
 
     # -- protocol ---------------------------------------------------------------------
@@ -219,6 +226,10 @@ class LLMPairwiseJudge:
         fresh = self._run([flat[first_idx[k]] for k in miss_keys]) if miss_keys else []
         model_s = time.perf_counter() - t_model
         by_key = dict(zip(miss_keys, fresh))
+        # what this call cost: each read sent once (duplicates in the batch are one read), hits free
+        self.count(calls=len(fresh), cached=sum(r is not None and r.cached for r in reads),
+                   tokens_in=sum(r.tokens - r.tokens_out for r in fresh), tokens_out=sum(r.tokens_out for r in fresh),
+                   unmetered=sum(not r.metered for r in fresh))
         for i, k in enumerate(keys):
             if reads[i] is None:
                 reads[i] = by_key[k]

@@ -25,6 +25,7 @@ from pofe.judges.base import Capability, JudgeConfigError, check_batch
 from pofe.judges.cache import JudgeCache, cache_key
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered, Template
+from pofe.judges.usage import Metered
 from pofe.records import Score
 
 _SCORE_RE = re.compile(r"(?i)\bscore\b\s*\**\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)")
@@ -55,8 +56,9 @@ def _pointwise_caps(backend, *, logprobs: bool) -> frozenset[Capability]:
     return frozenset(caps)
 
 
-class RubricJudge:
-    """Pointwise additive-rubric judge over any backend with ``generate``."""
+class RubricJudge(Metered):
+    """Pointwise additive-rubric judge over any backend with ``generate``; ``usage()`` counts its
+    samples and tokens (:mod:`pofe.judges.usage`)."""
 
     def __init__(self, backend, template: Template, *, samples: int = 3, temperature: float = 0.7, top_p: float = 0.9,
                  max_new_tokens: int = 256, score_range: Sequence[float] = (0, 5), seed: int = 0,
@@ -93,6 +95,7 @@ class RubricJudge:
                 if hit is not None:
                     texts[i], cached[i] = hit["texts"], True
         todo = [i for i, t in enumerate(texts) if t is None]
+        self.count(cached=(len(texts) - len(todo)) * self.samples)  # the samples the cache answered
         t0 = time.perf_counter()
         if todo:
             cut = (lambda s: s[: self.max_response_chars] + " [...]"
@@ -101,6 +104,9 @@ class RubricJudge:
                                          special_strings=self.backend.special_strings) for i in todo]
             gens = self.backend.generate(reqs, n=self.samples, temperature=self.temperature, top_p=self.top_p,
                                          max_new_tokens=self.max_new_tokens, seed=self.seed)
+            outs = [o for g in gens for o in g]  # one request per sample
+            self.count(calls=len(outs), tokens_in=sum(o.tokens - o.tokens_out for o in outs),
+                       tokens_out=sum(o.tokens_out for o in outs), unmetered=sum(not o.metered for o in outs))
             for i, g in zip(todo, gens):
                 texts[i] = [o.text for o in g]
                 tokens[i] = sum(o.tokens for o in g)
@@ -131,8 +137,9 @@ class RubricJudge:
         self.backend.close()
 
 
-class ExpectedScoreJudge:
-    """Pointwise E[score] under the judge's distribution over score tokens, in [0, 1]."""
+class ExpectedScoreJudge(Metered):
+    """Pointwise E[score] under the judge's distribution over score tokens, in [0, 1]; ``usage()``
+    counts its reads (continuation reads included) and tokens (:mod:`pofe.judges.usage`)."""
 
     def __init__(self, backend, template: Template, *, scores: Sequence[str] | None = None,
                  cache: JudgeCache | None = None, judge_id: str | None = None, max_response_chars: int | None = None):
@@ -172,6 +179,9 @@ class ExpectedScoreJudge:
             heads = sorted(set(sfx[:1] for sfx in suffixes))
             creqs = [Rendered(r.user, r.assistant_prefix + pfx) for r in reqs]
             cont[pfx] = [self.backend.read_choices(creqs, heads), heads]
+        reads = list(first) + [rd for rs, _ in cont.values() for rd in rs]
+        self.count(calls=len(reads), tokens_in=sum(r.tokens - r.tokens_out for r in reads),
+                   tokens_out=sum(r.tokens_out for r in reads), unmetered=sum(not r.metered for r in reads))
         out = []
         for i, rd in enumerate(first):
             if rd.logprobs is None:
@@ -209,6 +219,7 @@ class ExpectedScoreJudge:
                     dists[i] = ({s: (-math.inf if v == "-inf" else v) for s, v in hit["lp"].items()}, 0, None)
                     cached[i] = True
         todo = [i for i, d in enumerate(dists) if d is None]
+        self.count(cached=len(dists) - len(todo))
         t0 = time.perf_counter()
         if todo:
             cut = (lambda s: s[: self.max_response_chars] + " [...]"

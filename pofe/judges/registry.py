@@ -237,7 +237,10 @@ def build_judge(cfg, **runtime):
     if isinstance(cfg, PluginJudgeConfig):  # a plugin kind builds its judge from its own options
         return cfg.options.build(**runtime)
     builder = JUDGES[cfg.kind]
-    return builder(cfg, **runtime) if runtime else builder(cfg)
+    judge = builder(cfg, **runtime) if runtime else builder(cfg)
+    if cfg.price is not None and hasattr(judge, "count"):  # a metered judge: its usage() prices its tokens
+        judge.price = cfg.price
+    return judge
 
 
 def build_shared_judge(jcfg, *, model=None, tokenizer=None, judge_id: str | None = None):

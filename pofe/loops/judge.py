@@ -23,6 +23,7 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.data.io import DataError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
+from pofe.judges.usage import BudgetMeter, usage_summary
 from pofe.recipe import Recipe, RunContext, drive
 from pofe.runs import JsonlWriter, RunConfig
 from pofe.training.tracking import LogConfig
@@ -132,6 +133,7 @@ class JudgeRecipe(Recipe):
         if run.main and self.out_path.exists():
             self.out_path.unlink()  # one run's output, never appended to (never an input: checked in load_data)
         self.judge = build_judge(cfg.judge, **self.runtime)  # every process its own (and its own cache connection)
+        self.meter = BudgetMeter(cfg.judge.budget, [self.judge], dp=self.dp)  # tokens, cost, judge.budget's stop
         self.writer = JsonlWriter(self.out_path) if run.main else None  # rank 0 writes the gathered verdicts
         self.verdicts: list = []
         self.t0 = time.perf_counter()
@@ -154,7 +156,11 @@ class JudgeRecipe(Recipe):
         vals = [getattr(v, "p", getattr(v, "score", None)) for v in res]
         vals = [x for x in vals if x is not None]
         return {"rows": len(chunk), "unreadable": len(res) - len(vals),
-                "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None}
+                "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None,
+                **self.meter.row(step)}
+
+    def stop_after(self, step: int):
+        return self.meter.stop_after(step)  # judge.budget spent: the verdicts so far are kept, summary.stopped
 
     def _verdicts(self, part: list[dict[str, Any]]) -> list:
         """This process's block of a batch, judged (pairwise) or scored (pointwise)."""
@@ -174,7 +180,8 @@ class JudgeRecipe(Recipe):
         out = summarize(self.verdicts, seconds=round(seconds, 3), model_calls=calls)
         out.update(judge_id=getattr(self.judge, "id", cfg.judge.kind), kind=cfg.judge.kind,
                    template_hash=getattr(getattr(self.judge, "template", None), "hash", None),
-                   items_per_s=round(len(self.rows) / seconds, 3) if seconds > 0 else None, output=str(self.out_path))
+                   items_per_s=round(len(self.rows) / seconds, 3) if seconds > 0 else None, output=str(self.out_path),
+                   judge_usage=usage_summary(history))
         return out
 
     def close(self) -> None:

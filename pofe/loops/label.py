@@ -53,6 +53,7 @@ from pofe.data.labelled_pairs import (DEFAULT_SAMPLED_PROMPTS, input_info, label
 from pofe.evaluation.label_stats import batch_metrics, cache_counts, drop_counts, label_stats
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
+from pofe.judges.usage import BudgetMeter, usage_summary
 from pofe.labels import LabelPolicy
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
@@ -217,6 +218,8 @@ class LabelRecipe(Recipe):
 
         done = min(run.start * self.cfg.train.batch_size, len(self.pairs))
         self.resumed_after = done if run.resumed else None
+        # tokens and cost per batch, the run's total across resumes, judge.budget's stop
+        self.meter = BudgetMeter(self.cfg.judge.budget, [self.judge], dp=self.dp, state=run.state)
         # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
         self.writer = JsonlWriter(run.dir / "labels.jsonl") if run.main else None
         log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(self.pairs),
@@ -237,7 +240,13 @@ class LabelRecipe(Recipe):
         self.judgments += js
         self.judge_s += time.perf_counter() - t0
         fault_point(f"{step}:before_metrics")  # crash/resume suite: rows written, metrics row not
-        return batch_metrics(rows)
+        return {**batch_metrics(rows), **self.meter.row(step)}
+
+    def stop_after(self, step: int):
+        return self.meter.stop_after(step)  # judge.budget spent: checkpoint, summary.stopped, BudgetError
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return self.meter.state()
 
     def save_final(self, out: Path) -> Path | None:
         """preferences.jsonl from every labels.jsonl row (a run without weights has no ``final/``)."""
@@ -262,7 +271,7 @@ class LabelRecipe(Recipe):
             "text_fallback_labels": sum(bool(r.get("text_fallback")) for r in rows),
             "preference_pairs": sum(r.get("dropped") is None for r in rows),
             "resumed_after": self.resumed_after, "cache": cache_counts(self.judgments, judge_summary),
-            "judge_summary": judge_summary,
+            "judge_summary": judge_summary, "judge_usage": usage_summary(history),
             "phase_seconds": {"sample": round(self.sample_s, 3), "judge": round(self.judge_s, 3)},
             "labels_per_second": round(len(self.judgments) / self.judge_s, 3) if self.judge_s > 0 else None,
             "files": {"labels": str(d / "labels.jsonl"), "preferences": str(d / "preferences.jsonl"),

@@ -267,16 +267,16 @@ class OnlineRecipe(Recipe):
         return row
 
     def stop_after(self, step: int):
-        return self.drift.stop_after(step) if self.drift else None  # a drift stop (audit.on_drift=stop)
+        return self.source.stop_after(step) or (self.drift.stop_after(step) if self.drift else None)  # budget, drift
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return self.source.state()  # every process: the label buffers are gathered there
+        return self.source.state()  # every process: the label buffers (and judge usage) gathered there
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         from pofe.training.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
-        more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history)}
+        more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history), **self.source.summary(history)}
         return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
                 **{k: v for k, v in more.items() if v is not None}}
 

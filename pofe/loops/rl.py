@@ -47,6 +47,7 @@ from pydantic import Field, field_validator, model_validator
 from pofe.config import ConfigError, PofeConfig
 from pofe.data.io import DataError
 from pofe.generation import SamplingConfig
+from pofe.judges.usage import BudgetMeter, usage_summary
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
@@ -207,6 +208,10 @@ class RLRecipe(Recipe):
     def restore(self, run: RunContext) -> None:
         cfg = self.cfg
         self.before = self.measure() if run.start == 0 else run.state.get("eval_before")
+        # the reward judge's tokens and cost per step (after the held-out measurement), reward.judge.budget's stop
+        judge_cfg = cfg.reward.judge
+        self.meter = BudgetMeter(judge_cfg.budget if judge_cfg is not None else None,
+                                 [getattr(self.reward_fn, "judge", None)], dp=self.dp, state=run.state)
         log.info("rl: %s, %d steps x %d prompts x %d samples, reward %s, KL in %s (beta %g)", cfg.algo, cfg.train.steps,
                  cfg.train.batch_size, cfg.train.group_size, self.reward_fn.id, cfg.kl_in, cfg.beta)
 
@@ -224,13 +229,13 @@ class RLRecipe(Recipe):
         row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
                       seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
         row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None), dp=dp) if self.drift else {})
-        return row
+        return {**row, **self.meter.row(step)}  # a collective under data parallel
 
-    def stop_after(self, step: int):
-        return self.drift.stop_after(step) if self.drift else None  # a drift stop (audit.on_drift=stop)
+    def stop_after(self, step: int):  # judge.budget spent, or a drift stop (audit.on_drift=stop)
+        return self.meter.stop_after(step) or (self.drift.stop_after(step) if self.drift else None)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"eval_before": self.before}
+        return {"eval_before": self.before, **self.meter.state()}
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         cfg, last = self.cfg, history[-5:]
@@ -246,7 +251,8 @@ class RLRecipe(Recipe):
                "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
                "last5": {k: avg(k) for k in keys}, "eval_before": self.before, "eval_after": self.measure()}
         more = {"shaping": cfg.reward.shaping.model_dump() if cfg.reward.shaping.active else None,
-                "audit": audit_length_bias(self.require_audit), "drift": drift_summary(history)}
+                "audit": audit_length_bias(self.require_audit), "drift": drift_summary(history),
+                "judge_usage": usage_summary(history)}
         return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 

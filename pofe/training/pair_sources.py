@@ -109,6 +109,10 @@ class PairSource(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
+    def stop_after(self, step: int): ...  # judge.budget spent (pofe.judges.usage.BudgetError), else None
+
+    def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]: ...  # judge_usage
+
     def close(self) -> None: ...
 
 
@@ -138,7 +142,34 @@ class EngineSync:
 
 # ----------------------------------------------------------------------------- the modes
 
-class _Source:
+class _Metered:
+    """The annotator's judging metered (:mod:`pofe.judges.usage`): each step's ``judge/*`` keys
+    (this step's calls, cache hits, tokens in and out and cost, and the run's totals), the totals
+    kept in the checkpoint across resumes, and ``judge.budget``'s stop. The evaluation judge
+    (``eval.judge``) is not metered."""
+
+    meter = None  # a BudgetMeter, set by make_source (None without a judge: mode=offline)
+
+    def metered(self, step: int, sp: StepPairs) -> StepPairs:
+        if self.meter is not None:  # a collective under data parallel: the main thread of every process
+            sp.extra.update(self.meter.row(step))
+        return sp
+
+    def stop_after(self, step: int):
+        return self.meter.stop_after(step) if self.meter is not None else None
+
+    def meter_state(self) -> dict[str, Any]:
+        return self.meter.state() if self.meter is not None else {}
+
+    @staticmethod
+    def summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+        """``judge_usage``: the run's judging totals (None in mode=offline)."""
+        from pofe.judges.usage import usage_summary
+
+        return {"judge_usage": usage_summary(history)}
+
+
+class _Source(_Metered):
     """What every mode shares: the loop state, the engine sync, the resume state."""
 
     def __init__(self, lp: LoopState, sync: EngineSync):
@@ -151,7 +182,8 @@ class _Source:
         """Called on every process: the buffers of all processes are gathered here."""
         lp = self.lp
         buffers = gather(lp.acc, [[p.to_dict() for p in s] for s in lp.buffer])
-        return {"cursor": lp.cursor.position, "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": lp.cfg.mode}
+        return {"cursor": lp.cursor.position, "buffer": {str(r): b for r, b in enumerate(buffers)}, "mode": lp.cfg.mode,
+                **self.meter_state()}
 
     def close(self) -> None:
         pass
@@ -187,7 +219,7 @@ class OnlineSource(_Source):
         staleness = self.sync.staleness(step)
         out = self.publish(self.fresh(step, self.k)) if not self.lp.buffer else StepPairs([], zero_counts())
         out.staleness = staleness
-        return self.train_next(out)
+        return self.metered(step, self.train_next(out))
 
     def fresh(self, step: int, k: int, seed: int | None = None) -> StepPairs:
         """Sample and annotate prompts for the next ``k`` steps from the current policy and label
@@ -237,7 +269,7 @@ class IterativeSource(OnlineSource):
         self.k = lp.cfg.train.iterative_every
 
 
-class AsyncSource:
+class AsyncSource(_Metered):
     """Algorithm 1 with step t+1's samples and labels drawn in a background thread while step t
     trains (one update stale, recorded as ``staleness``). Nothing is drawn ahead across a
     checkpoint (its state then holds nothing in flight, so a resumed run samples step t+1 from
@@ -261,7 +293,7 @@ class AsyncSource:
         sp.extra.update(prefetched=got is not None, time_wait=sp.times.get("wait", 0.0))
         if self.ahead(step):  # step+1's samples, from theta_{step-1}
             self.prefetch.submit(step + 1, self._job(step + 1), staleness=step - self.sync.last)
-        return sp
+        return self.metered(step, sp)  # what was judged by now (step+1's judging counts when it lands)
 
     def ahead(self, step: int) -> bool:
         cfg = self.lp.cfg
@@ -281,7 +313,7 @@ class AsyncSource:
             self.sync.after_update(step, times)
 
     def state(self) -> dict[str, Any]:
-        return self.inner.state()
+        return {**self.inner.state(), **self.meter_state()}
 
     def close(self) -> None:
         self.prefetch.close()
@@ -300,7 +332,13 @@ def make_source(cfg, acc, ddp_policy, tokenizer, judges, items: list, state: dic
     buffer = [[TokenPair.from_dict(d) for d in s] for s in state.get("buffer", {}).get(str(rank), [])]
     lp = LoopState(cfg, acc, ddp_policy, tokenizer, judges.judge, judges.ctx,
                    PromptCursor(items, cfg.seed, int(state.get("cursor", 0))), buffer, ledger)
-    return SOURCES[cfg.mode](lp, EngineSync(engine, cfg, last=start))
+    source = SOURCES[cfg.mode](lp, EngineSync(engine, cfg, last=start))
+    if judges.judge is not None:
+        from pofe.judges.usage import BudgetMeter
+        from pofe.training.parallel import DataParallel
+
+        source.meter = BudgetMeter(cfg.judge.budget, [judges.judge], dp=DataParallel(acc), state=state)
+    return source
 
 
 def mode_refusal(cfg) -> str | None:

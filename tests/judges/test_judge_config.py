@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_kind_switch_starts_from_the_new_kinds_defaults():
     cfg = load_config(OnlineConfig, overrides=["judge.kind=length", "judge.prefer=longer"])
     assert isinstance(cfg.judge, LengthJudgeConfig)
-    assert cfg.judge.model_dump() == {"temperature": 0.0, "kind": "length", "prefer": "longer", "unit": "chars"}
+    assert cfg.judge.model_dump() == {"temperature": 0.0, "kind": "length", "prefer": "longer", "unit": "chars",
+                                      "price": None, "budget": None}
 
 
 @pytest.mark.parametrize("override, key", [

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from pofe.config import ConfigError
 from pofe.data.calibration import CalibrationItem, load_calibration
 from pofe.evaluation.audit.checks import evaluate_checks
 from pofe.evaluation.audit.config import AuditConfig
@@ -22,6 +23,7 @@ from pofe.evaluation.audit.metrics import calibration_metrics
 from pofe.judges.base import as_pairwise
 from pofe.judges.jury import JuryJudge
 from pofe.judges.summary import summarize_judgments
+from pofe.judges.usage import usage_sum
 from pofe.training.parallel import DataParallel, launched
 
 
@@ -38,6 +40,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     if not items:
         raise ValueError("audit: the calibration set is empty")
     args = ([it.prompt for it in items], [it.response_a for it in items], [it.response_b for it in items])
+    spent_before = usage_sum([judge], dp)  # a live judge (drift re-audits) has judged before
     t0 = time.perf_counter()
     js = _judge_all(judge, *args, cfg.batch_size, "calibration", dp)
     t_cal = time.perf_counter() - t0
@@ -71,6 +74,8 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         "checks": checks,
         "passed": all(c["passed"] for c in checks.values()),
         "processes": dp.world,
+        # what this audit's judging cost (every pass, contrasts included; every process)
+        "judge_usage": (usage_sum([judge], dp) - spent_before).to_dict(),
     }
     if isinstance(judge, JuryJudge):  # each member measured from the same verdicts, next to the pooled jury
         report["jury"] = jury_report(judge, items, js, more, cfg, metrics, checks)
@@ -82,6 +87,9 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
     if not cfg.data.calibration:
         raise ValueError("audit: give at least one calibration file or folder (pofe audit FILE, --calibration or "
                          "data.calibration)")
+    if cfg.judge.budget is not None:  # nothing would read it: the audit has no step to stop after
+        raise ConfigError("bad value for 'judge.budget': pofe audit judges its calibration set in one pass "
+                          "(budgets apply to label, judge, online and rl); remove it")
     guard_audit_outputs(cfg)
     items = load_calibration(cfg.data.calibration, limit=cfg.data.limit, seed=cfg.seed)
     dp = launched(command="pofe audit")  # before the judge's model loads: the accelerator picks this process's GPU

@@ -545,15 +545,16 @@ def parse_choice_response(text: str, choices: Sequence[str]) -> ChoiceRead:
     choice = _first_choice(data)
     if choice is None:
         return ChoiceRead(None, raw=text[:300], error="no choices in response")
-    tokens = _total_tokens(data)
+    tokens, out, metered = _usage(data)
+    meter = {"tokens": tokens, "tokens_out": out, "metered": metered}
     gen = _text_of(choice) or ""
     cands = first_position_logprobs(choice)
     if cands is None:
         label = parse_choice_text(gen, choices)
         if label is None:
-            return ChoiceRead(None, raw=gen, tokens=tokens, error="no logprobs and no readable verdict")
+            return ChoiceRead(None, raw=gen, **meter, error="no logprobs and no readable verdict")
         d = {c: (0.0 if c == label else -math.inf) for c in choices}
-        return ChoiceRead(d, raw=gen, tokens=tokens, hard_label=True)
+        return ChoiceRead(d, raw=gen, **meter, hard_label=True)
     seen: dict[Any, tuple[str, float]] = {}
     for t, v, i in cands:  # the sampled token also appears in top_logprobs: count it once
         seen[(i if i is not None else t)] = (t, v)
@@ -561,14 +562,14 @@ def parse_choice_response(text: str, choices: Sequence[str]) -> ChoiceRead:
     # broken server, not a reading: the whole read is unparseable, never used.
     why = logprob_error(v for _, v in seen.values())
     if why:
-        return ChoiceRead(None, raw=gen, tokens=tokens, error=why)
+        return ChoiceRead(None, raw=gen, **meter, error=why)
     d = {}
     for c in choices:
         vs = set(choice_variants(c))
         d[c] = logsumexp(min(v, 0.0) for t, v in seen.values() if t in vs)
     if all(v == -math.inf for v in d.values()):
-        return ChoiceRead(None, raw=gen, tokens=tokens, error="no choice token among the returned top_logprobs")
-    return ChoiceRead(d, raw=gen, tokens=tokens, truncated=any(v == -math.inf for v in d.values()))
+        return ChoiceRead(None, raw=gen, **meter, error="no choice token among the returned top_logprobs")
+    return ChoiceRead(d, raw=gen, **meter, truncated=any(v == -math.inf for v in d.values()))
 
 
 def parse_choice_text(text: str, choices: Sequence[str]) -> str | None:
@@ -582,12 +583,22 @@ def parse_choice_text(text: str, choices: Sequence[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _total_tokens(data: Any) -> int:
+def _usage(data: Any) -> tuple[int, int, bool]:
+    """(tokens in + out, tokens out, reported) from the answer's OpenAI ``usage``
+    (``prompt_tokens``, ``completion_tokens``, ``total_tokens``): what the server bills. No
+    usage: (0, 0, False), counted as unmetered, never guessed."""
     usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0, False
     try:
-        return int(usage.get("total_tokens") or 0) if isinstance(usage, dict) else 0
+        out = int(usage.get("completion_tokens") or 0)
+        n_in = usage.get("prompt_tokens")
+        total = int(n_in) + out if n_in is not None else int(usage.get("total_tokens") or 0)
     except (TypeError, ValueError, OverflowError):
-        return 0
+        return 0, 0, False
+    if total < 0 or out < 0 or out > total:
+        return 0, 0, False
+    return total, out, True
 
 
 def parse_generation_response(text: str) -> GenOut:
@@ -599,4 +610,5 @@ def parse_generation_response(text: str) -> GenOut:
     gen = _text_of(choice) if choice else None
     if gen is None:
         return GenOut(None, error="no text in response")
-    return GenOut(gen, tokens=_total_tokens(data))
+    tokens, out, metered = _usage(data)
+    return GenOut(gen, tokens=tokens, tokens_out=out, metered=metered)

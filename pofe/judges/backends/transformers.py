@@ -205,7 +205,8 @@ class TransformersBackend(SingleTokenChoices):
                 for j in range(n):
                     gen, _ = _cut_at_eos(seqs[r * n + j, T:].tolist(), eos, pad)
                     new_tokens += len(gen)
-                    out[i].append(GenOut(text=tok.decode(gen, skip_special_tokens=True), tokens=len(ids[i]) + len(gen)))
+                    out[i].append(GenOut(text=tok.decode(gen, skip_special_tokens=True), tokens=len(ids[i]) + len(gen),
+                                          tokens_out=len(gen)))
             self.stats.add(calls=1, tokens=int(att.sum()) * n + new_tokens, seconds=time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -157,7 +157,8 @@ class VLLMBackend(SingleTokenChoices):
                 c = o.outputs[j if len(o.outputs) > 1 else 0]
                 gen, _ = _cut_at_eos(list(c.token_ids), eos, tok.pad_token_id)
                 new += len(gen)
-                group.append(GenOut(text=tok.decode(gen, skip_special_tokens=True), tokens=len(x) + len(gen)))
+                group.append(GenOut(text=tok.decode(gen, skip_special_tokens=True), tokens=len(x) + len(gen),
+                                       tokens_out=len(gen)))
             res.append(group)
         self.stats.add(calls=1, tokens=sum(len(x) for x in ids) + new, seconds=time.perf_counter() - t0)
         return res
