@@ -46,7 +46,7 @@ _state = {"verbose": False}
 # sub"). Every other command refuses WORLD_SIZE > 1 with one line instead of running N
 # independent copies (two run folders from a 2-process ``pofe sft``). A command joins this set
 # once its loop shards data (and all-reduces gradients where it trains), with a test.
-DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl", "label", "cai revise", "judge", "eval", "audit"}
+DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl", "self-reward", "label", "cai revise", "judge", "eval", "audit"}
 
 
 def present_commands() -> list[str]:

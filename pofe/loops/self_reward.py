@@ -28,6 +28,12 @@ iteration t), checkpointed (its small state only: no weights at this level) once
 skipped when present (candidates append per chunk; DPO / SFT resume from their own step
 checkpoints), so a crash mid-iteration redoes only its unfinished stages
 (:mod:`pofe.training.self_reward_stages`). ``final/`` is M_T: a link to ``iter_T/model``.
+
+Data-parallel under ``torchrun``: candidates, their scores, greedy responses and judging are
+split by prompt block over the processes, SFT and DPO shard their steps, rank 0 writes every
+file of the one run folder. Sampled candidates (and so the pairs and what DPO learns) depend on
+the number of processes, as for ``pofe label``; greedy responses and a deterministic judge's
+verdicts do not, and a resume with the same number of processes equals the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -171,6 +177,7 @@ class SelfRewardRecipe(Recipe):
     M_{t-1} (:class:`pofe.training.self_reward_stages.Chain`); ``final/`` = M_T."""
 
     command = "self-reward"
+    data_parallel = True
     show = (("mean_score", "score", "{:.3f}"), ("eval_mean_score", "eval", "{:.3f}"))
 
     def load_data(self) -> None:
@@ -185,9 +192,10 @@ class SelfRewardRecipe(Recipe):
 
     def setup(self, run: RunContext) -> None:
         inp = self.inp
-        write_json(run.dir / "inputs.json", {"counts": inp.counts, "eval_prompts": inp.eval_prompts,
-                                              "val_prompts": inp.val_prompts})
-        self.chain = Chain(self.cfg, inp, run.dir)
+        if run.main:
+            write_json(run.dir / "inputs.json", {"counts": inp.counts, "eval_prompts": inp.eval_prompts,
+                                                  "val_prompts": inp.val_prompts})
+        self.chain = Chain(self.cfg, inp, run.dir, dp=run.dp)
         self.total_steps = self.cfg.iterations
 
     def restore(self, run: RunContext) -> None:

@@ -7,9 +7,21 @@ stages; ``iter_t/metrics.json`` marks the whole iteration finished. The run fold
 from the driver's checkpoints and ``metrics.jsonl`` are :mod:`pofe.recipe`'s; the algorithm
 reads top to bottom in :mod:`pofe.loops.self_reward`. ``cfg`` is a ``SelfRewardConfig``.
 
+Data-parallel (``torchrun``; ``dp`` a :class:`pofe.training.parallel.DataParallel`): every process
+runs every stage; candidate generation and scoring, greedy responses and judging are split by
+prompt block (``dp.map``: each process its contiguous block, results gathered in input order),
+SFT and DPO shard their steps through the driver; only rank 0 writes a stage's file, and a
+"skipped when present" test is rank 0's answer (``dp.from_main``), so every process takes the
+same branch. Self-Instruct prompts and EFT justifications are written by rank 0 alone (the
+others wait for its file). Sampled candidates depend on the number of processes (each block
+draws from its own seed, :func:`pofe.training.parallel.block_seed`); greedy responses and a
+deterministic judge's verdicts do not, and a resume with the same number of processes is the
+uninterrupted run.
+
 Fault points (``POFE_FAULT``, the crash/resume suite): ``sr{t}:after_prompts``,
-``sr{t}:after_pairs``, ``sr{t}:after_dpo``, ``sr{t}:after_selection`` inside iteration t and
-``sr{t}:after_iteration`` once its row and marker are written.
+``sr{t}:after_pairs``, ``sr{t}:after_dpo``, ``sr{t}:after_selection`` inside iteration t,
+``sr{t}:after_iteration`` once its row and marker are written, and ``candidates:{start}`` once the
+candidate chunk starting at prompt ``start`` is appended (:mod:`pofe.generation.candidates`).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from pofe.runs import RunConfig, RunError, read_jsonl
 from pofe.training.checkpoints import final_complete
 from pofe.training.guards import fault_point
 from pofe.training.model import ModelConfig
+from pofe.training.parallel import DataParallel
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
 from pofe.training.tracking import LogConfig
 
@@ -84,7 +97,7 @@ def yardstick_judge(cfg, m1: str):
 
 # ============================================================================ stages
 
-def seed_stage(cfg, inp: Inputs, it_dir: Path) -> tuple[str, dict[str, Any]]:
+def seed_stage(cfg, inp: Inputs, it_dir: Path, dp: DataParallel = DataParallel()) -> tuple[str, dict[str, Any]]:
     """M1 ("Seed training data"): (IFT-only SFT baseline -> EFT data ->) SFT of the base model
     on IFT + EFT, through ``pofe sft``. Returns M1's path and counts."""
     from pofe.data.sft import SFTExample, load_examples
@@ -96,7 +109,8 @@ def seed_stage(cfg, inp: Inputs, it_dir: Path) -> tuple[str, dict[str, Any]]:
     if not s.enabled:
         return cfg.model.name, {"seed_sft": "disabled"}
     data_dir = it_dir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if dp.main:
+        data_dir.mkdir(parents=True, exist_ok=True)
 
     def sft_cfg(sub: str) -> SFTConfig:
         return SFTConfig(seed=cfg.seed, model=cfg.model, data=SFTDataConfig(max_length=s.max_length,
@@ -109,35 +123,46 @@ def seed_stage(cfg, inp: Inputs, it_dir: Path) -> tuple[str, dict[str, Any]]:
     eft: list = []
     if s.eft and inp.ranked_build:
         eft_path = data_dir / "eft_train.jsonl"
-        if not eft_path.exists():
+        if not dp.from_main(eft_path.exists()):
             writer = cfg.model.name
             if s.eft_writer == "sft_baseline":  # the paper: EFT targets come from the IFT-only SFT baseline
-                writer = sft_run(sft_cfg("sft_baseline"), examples=ift, run_dir=it_dir / "sft_baseline")["final_model"]
-            model, tok = load_stage_model(writer, cfg)
-            judge = build_shared_judge(cfg.judge, model=model, tokenizer=tok, judge_id=f"eft-writer:{Path(writer).name}")
-            write_eft_files(data_dir, inp.ranked_build, inp.ranked_eval, judge, rebalance_ratio=cfg.eft.rebalance_ratio,
-                            seed=cfg.seed)
-            del model, judge
-            free()
+                baseline = sft_run(sft_cfg("sft_baseline"), examples=ift, run_dir=it_dir / "sft_baseline")
+                writer = dp.from_main(baseline)["final_model"]  # the driver's final/ is rank 0's
+            if dp.main:  # one writer of the EFT files; the others wait for them
+                model, tok = load_stage_model(writer, cfg)
+                judge = build_shared_judge(cfg.judge, model=model, tokenizer=tok, judge_id=f"eft-writer:{Path(writer).name}")
+                write_eft_files(data_dir, inp.ranked_build, inp.ranked_eval, judge,
+                                rebalance_ratio=cfg.eft.rebalance_ratio, seed=cfg.seed)
+                del model, judge
+                free()
+            dp.wait()
         info["eft"] = json.loads((data_dir / "eft_stats.json").read_text())
         eft = [SFTExample(r["prompt"], r["response"], "eft") for r in read_jsonl(eft_path)]
         if s.eft_max_ratio is not None and len(eft) > s.eft_max_ratio * len(ift):
             eft = random.Random(cfg.seed).sample(eft, int(s.eft_max_ratio * len(ift)))
-    if not (data_dir / "ift.jsonl").exists():
+    if dp.main and not (data_dir / "ift.jsonl").exists():
         write_jsonl(data_dir / "ift.jsonl", [{"prompt": e.prompt, "response": e.response} for e in ift])
-    summary = sft_run(sft_cfg("sft"), examples=ift + eft, run_dir=it_dir / "sft")
+    summary = dp.from_main(sft_run(sft_cfg("sft"), examples=ift + eft, run_dir=it_dir / "sft"))
     info["sft"] = {k: summary.get(k) for k in ("steps", "examples", "data", "dropped", "loss_first", "loss_last")}
     link = it_dir / "model"
-    if not link.exists():
+    if dp.main and not link.exists():
         os.symlink(os.path.relpath(summary["final_model"], it_dir), link)  # iter_t/model is M_t in every iteration
+    dp.wait()
     return str(link), info
 
 
 def prompts_stage(cfg, inp: Inputs, policy, tok, machine: list[str], t: int,
-                  it_dir: Path) -> tuple[list[str], dict[str, Any]]:
+                  it_dir: Path, dp: DataParallel = DataParallel()) -> tuple[list[str], dict[str, Any]]:
     """Step 1 ("Self-Instruction creation"): this iteration's prompts, by few-shot Self-Instruct
-    on M_{t-1} (or a fixed generator model), or drawn from the ``data.prompts`` pool when one is given."""
+    on M_{t-1} (or a fixed generator model), or drawn from the ``data.prompts`` pool when one is given.
+    Rank 0 makes them (one process, as without ``dp``) and every process gets its list."""
     path = it_dir / "data" / "prompts.json"
+    if dp.main:
+        made = _make_prompts(cfg, inp, policy, tok, machine, t, path)
+    return dp.from_main(made if dp.main else None)
+
+
+def _make_prompts(cfg, inp: Inputs, policy, tok, machine: list[str], t: int, path: Path) -> tuple[list[str], dict]:
     if path.exists():
         d = json.loads(path.read_text())
         return d["prompts"], d["stats"]
@@ -182,31 +207,36 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
     )
 
 
-def dpo_stage(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path) -> dict[str, Any]:
-    """Step 5, through ``pofe online``; a DPO folder already begun resumes from its checkpoints."""
+def dpo_stage(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path,
+              dp: DataParallel = DataParallel()) -> dict[str, Any]:
+    """Step 5, through ``pofe online`` (data-parallel through its driver); a DPO folder already
+    begun resumes from its checkpoints. Returns rank 0's summary (it alone saves ``final/``)."""
     from pofe.loops import online
 
     dpo_dir = it_dir / "dpo"
-    resume = dpo_dir if (dpo_dir / "config.yaml").exists() else None
-    return online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir), resume=resume)
+    resume = dpo_dir if dp.from_main((dpo_dir / "config.yaml").exists()) else None
+    return dp.from_main(online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir), resume=resume))
 
 
-def validation_baseline(cfg, inp: Inputs, model, tok, judge, it_dir: Path) -> tuple[Any, list[str]]:
+def validation_baseline(cfg, inp: Inputs, model, tok, judge, it_dir: Path,
+                        dp: DataParallel = DataParallel()) -> tuple[Any, list[str]]:
     """Step 6's yardstick: the selection judge and M_{t-1}'s validation responses (``None, []``
     without selection)."""
     if not (cfg.selection.enabled and inp.val_prompts):
         return None, []
     sel_judge = build_shared_judge(cfg.selection.judge) if cfg.selection.judge is not None else judge
     path = it_dir / "prev_val_responses.jsonl"
-    if path.exists():
-        return sel_judge, [r["response"] for r in read_jsonl(path)]
-    prev_val = first_responses(model, tok, inp.val_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "val"))
-    write_jsonl(path, [{"prompt": x, "response": y} for x, y in zip(inp.val_prompts, prev_val)])
+    if dp.from_main(path.exists()):
+        return sel_judge, dp.from_main([r["response"] for r in read_jsonl(path)] if dp.main else None)
+    prev_val = first_responses(model, tok, inp.val_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "val"), dp)
+    if dp.main:
+        write_jsonl(path, [{"prompt": x, "response": y} for x, y in zip(inp.val_prompts, prev_val)])
     return sel_judge, prev_val
 
 
 def train_and_select(cfg, inp: Inputs, prev_model: str, aift: Path, n_pairs: int, t: int, it_dir: Path,
-                     sel_judge, prev_val: list[str], clock: StageClock) -> tuple[dict[str, Any], str]:
+                     sel_judge, prev_val: list[str], clock: StageClock,
+                     dp: DataParallel = DataParallel()) -> tuple[dict[str, Any], str]:
     """Steps 5-6: DPO, then the checkpoint with the best head-to-head win rate against M_{t-1}
     on validation prompts ("Early stopping") becomes ``iter_t/model``. Returns DPO's summary and M_t."""
     if not n_pairs:
@@ -214,39 +244,40 @@ def train_and_select(cfg, inp: Inputs, prev_model: str, aift: Path, n_pairs: int
         # rather than crashing three hours into a run.
         return {"skipped": "no preference pairs"}, prev_model
     dpo_summary = it_dir / "dpo" / "summary.json"
-    if (it_dir / "selection.json").exists() and final_complete(it_dir / "model") and dpo_summary.exists():
+    if dp.from_main((it_dir / "selection.json").exists() and final_complete(it_dir / "model") and dpo_summary.exists()):
         # selection finished before a crash and pruned DPO's checkpoints: DPO is done, not redone
         dpo = json.loads(dpo_summary.read_text())
     else:
-        dpo = dpo_stage(cfg, prev_model, aift, n_pairs, t, it_dir)
+        dpo = dpo_stage(cfg, prev_model, aift, n_pairs, t, it_dir, dp)
     clock.lap("dpo")
     fault_point(f"sr{t}:after_dpo")
     final = Path(dpo["final_model"])
     model_dir = select_checkpoint(
         it_dir, final, cfg.selection, load=lambda c: checkpoint_policy(cfg, prev_model, c, final),
-        respond=lambda m, tk: first_responses(m, tk, inp.val_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "val")),
-        judge=sel_judge, prompts=inp.val_prompts, previous=prev_val)
+        respond=lambda m, tk: first_responses(m, tk, inp.val_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "val"), dp),
+        judge=sel_judge, prompts=inp.val_prompts, previous=prev_val, dp=dp)
     return dpo, str(model_dir)
 
 
 def evaluate_stage(cfg, inp: Inputs, model, tok, t: int, it_dir: Path, yardstick,
-                   prev_eval: list[str] | None) -> tuple[dict[str, Any], list[str]]:
+                   prev_eval: list[str] | None, dp: DataParallel = DataParallel()) -> tuple[dict[str, Any], list[str]]:
     """Step 7: M_t's held-out responses, their mean length and mean score under the fixed
     yardstick judge, head-to-head vs M_{t-1}, and M_t's reward-modelling metrics (Table 4)."""
     path = it_dir / "eval_responses.jsonl"
-    if path.exists():
-        resp = [r["response"] for r in read_jsonl(path)]
+    if dp.from_main(path.exists()):
+        resp = dp.from_main([r["response"] for r in read_jsonl(path)] if dp.main else None)
     else:
-        resp = first_responses(model, tok, inp.eval_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "eval"))
-        write_jsonl(path, [{"prompt": x, "response": y} for x, y in zip(inp.eval_prompts, resp)])
-    m = measure_responses(inp.eval_prompts, resp, tok, yardstick, prev_eval)
+        resp = first_responses(model, tok, inp.eval_prompts, cfg.eval.sampling, stage_seed(cfg.seed, "eval"), dp)
+        if dp.main:
+            write_jsonl(path, [{"prompt": x, "response": y} for x, y in zip(inp.eval_prompts, resp)])
+    m = measure_responses(inp.eval_prompts, resp, tok, yardstick, prev_eval, dp)
     if cfg.eval.rm_metrics and inp.ranked_eval:
         judge = build_shared_judge(cfg.judge, **judge_runtime(cfg, model, tok, f"M{t}"))
         if has_capability(judge, Capability.POINTWISE):
             # the "perfect" score: 5 on the rubric; 1.0 for the [0, 1]-normalised expected score
             rubric = getattr(cfg.judge, "rubric", None)  # only the rubric kind has a score range
             hi = float(rubric.score_range[1]) if rubric is not None else {"expected-score": 1.0}.get(cfg.judge.kind, 5.0)
-            m["rm_metrics"] = rm_eval(judge, inp.ranked_eval, max_score=hi)
+            m["rm_metrics"] = rm_eval(judge, inp.ranked_eval, max_score=hi, dp=dp)
             m["rm_judge"] = getattr(judge, "id", None)
     return m, resp
 
@@ -271,6 +302,8 @@ class Chain:
     prev_eval: list[str] | None = None
     policy: tuple[Any, Any] | None = None
     """M_{t-1}'s (model, tokenizer), carried from its evaluation into iteration t."""
+    dp: DataParallel = field(default_factory=DataParallel)
+    """This process's part of the run (rank 0 writes every file)."""
     _yardstick: Any = None
     _done: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -300,26 +333,29 @@ class Chain:
     def iteration(self, t: int) -> dict[str, Any]:
         """Iteration ``t``'s record: made by its stages, or read back when its marker is there (a
         crash after the marker, before the driver's checkpoint)."""
-        if self.marker(t).exists():
+        if self.dp.from_main(self.marker(t).exists()):
             m = json.loads(self.marker(t).read_text())
             self.drop_policy()
         else:
             m = self.seed_iteration() if t == 1 else self.aift_iteration(t)
+        self.dp.wait()  # advance() reads the files rank 0 wrote
         self.advance(t, m)
         self._done[t] = m
         return m
 
     def finish(self, t: int) -> None:
         """After iteration ``t``'s ``metrics.jsonl`` row: write its marker (never without the row)."""
-        write_json(self.marker(t), self._done.pop(t))
+        m = self._done.pop(t)
+        if self.dp.main:
+            write_json(self.marker(t), m)
         fault_point(f"sr{t}:after_iteration")
 
     def seed_iteration(self) -> dict[str, Any]:
         cfg, it_dir = self.cfg, self.it_dir(1)
         it_dir.mkdir(exist_ok=True)
-        m1, seed_info = seed_stage(cfg, self.inp, it_dir)
+        m1, seed_info = seed_stage(cfg, self.inp, it_dir, self.dp)
         self.policy = load_stage_model(m1, cfg)
-        ev, _ = evaluate_stage(cfg, self.inp, *self.policy, 1, it_dir, self.yardstick(m1), None)
+        ev, _ = evaluate_stage(cfg, self.inp, *self.policy, 1, it_dir, self.yardstick(m1), None, self.dp)
         return {"iteration": 1, "model": m1, **seed_info, **ev}
 
     def aift_iteration(self, t: int) -> dict[str, Any]:
@@ -332,34 +368,38 @@ class Chain:
         judge = build_shared_judge(cfg.judge, **judge_runtime(cfg, model, tok, f"M{t - 1}"))
         clock = StageClock()
         # 1. prompts; 2-3. candidates scored by M_{t-1}; 4. pairs
-        prompts, p_stats = prompts_stage(cfg, inp, model, tok, self.machine, t, it_dir)
+        dp = self.dp
+        prompts, p_stats = prompts_stage(cfg, inp, model, tok, self.machine, t, it_dir, dp)
         clock.lap("prompts")
         fault_point(f"sr{t}:after_prompts")
         rows = scored_candidates(it_dir / "data" / "candidates.jsonl", prompts, model, tok, judge, cfg.candidates,
-                                 seed=lambda start: stage_seed(cfg.seed, "cand", t, start))
+                                 seed=lambda start: stage_seed(cfg.seed, "cand", t, start), dp=dp)
         clock.lap("candidates_and_judging")
         pairs, pair_counts = build_pairs(rows)
         aift = it_dir / "data" / "aift.jsonl"
-        write_jsonl(aift, pairs)
+        if dp.main:
+            write_jsonl(aift, pairs)
+        dp.wait()  # DPO reads it on every process
         fault_point(f"sr{t}:after_pairs")
         gen_stats = score_stats(rows, pairs)
         # 5. DPO from M_{t-1} with reference M_{t-1}; 6. checkpoint selection
-        sel_judge, prev_val = validation_baseline(cfg, inp, model, tok, judge, it_dir)
+        sel_judge, prev_val = validation_baseline(cfg, inp, model, tok, judge, it_dir, dp)
         del model
         free()  # (a self-judge keeps M_{t-1}'s weights alive through DPO: it selects checkpoints next)
         clock.lap("validation_baseline")
         if not pairs:
             log.warning("iteration %d: no preference pairs (%s); M%d = M%d", t, pair_counts, t, t - 1)
         dpo, model_dir = train_and_select(cfg, inp, self.prev_model, aift, len(pairs), t, it_dir, sel_judge, prev_val,
-                                          clock)
-        sel = json.loads((it_dir / "selection.json").read_text()) if (it_dir / "selection.json").exists() else {}
+                                          clock, dp)
+        sel = dp.from_main(json.loads((it_dir / "selection.json").read_text())
+                           if dp.main and (it_dir / "selection.json").exists() else {})
         del judge, sel_judge
         free()
         clock.lap("selection")
         fault_point(f"sr{t}:after_selection")
         # 7. evaluation of M_t
         self.policy = load_stage_model(model_dir, cfg)
-        ev, _ = evaluate_stage(cfg, inp, *self.policy, t, it_dir, self.yardstick(), self.prev_eval)
+        ev, _ = evaluate_stage(cfg, inp, *self.policy, t, it_dir, self.yardstick(), self.prev_eval, dp)
         clock.lap("evaluation")
         return {"iteration": t, "model": model_dir, "prompts": p_stats, "pairs": pair_counts, **gen_stats,
                 "dpo": {k: dpo.get(k) for k in DPO_KEYS if k in dpo}, "dpo_steps": dpo.get("steps", None),

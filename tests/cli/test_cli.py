@@ -78,27 +78,24 @@ def test_version_and_help_start_without_torch_or_transformers():
 
 
 def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
-    """A 2-process ``torchrun`` of ``pofe self-reward`` (which neither shards data nor all-reduces)
-    would make two run folders: the processes exit 2 with one line, and nothing is created."""
+    """A 2-process ``torchrun`` of ``pofe cai refusal`` (one process answering every prompt:
+    it neither shards its prompts nor gathers) would answer everything twice: the processes exit
+    2 with one line, before any model loads, and nothing is written."""
     import os
     import subprocess
     import sys
 
-    ift = tmp_path / "ift.jsonl"
-    ift.write_text('{"prompt": "q?", "response": "a."}\n')
-    out = tmp_path / "runs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "pofe", "self-reward", "--set", f"model.name={tiny_model_dir}", "--set",
-                        f"run.output_dir={out}"],
-                       capture_output=True, text=True, timeout=300, env=env)
+                        "-m", "pofe", "cai", "refusal", "--model", str(tiny_model_dir), "--set", "data.max_prompts=1"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert r.returncode != 0
-    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe self-reward does not run data-parallel")]
+    refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("error: pofe cai refusal does not run data-parallel")]
     # torchrun stops the other process once one fails, so it may not get to print its line
     assert 1 <= len(refusals) <= 2 and "WORLD_SIZE=2" in refusals[0], r.stderr[-3000:]
     assert "exitcode: 2" in r.stderr and not [ln for ln in r.stderr.splitlines()
                                              if ln.startswith("error:") and ln not in refusals]
-    assert not out.exists() or list(out.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_world_size_refusal_in_process(monkeypatch):
@@ -130,10 +127,11 @@ def test_the_cli_data_parallel_set_is_the_recipes_own_flag():
     for name, path in outside.items():
         assert "launched(" in (Path(__file__).parents[2] / path).read_text(), path
     assert flagged | set(outside) == DATA_PARALLEL_COMMANDS
-    assert {"online", "sft", "rm", "rl", "label", "cai revise", "judge"} <= flagged
+    assert {"online", "sft", "rm", "rl", "self-reward", "label", "cai revise", "judge"} <= flagged
 
 
-@pytest.mark.parametrize("argv", [["label"], ["judge"], ["eval"], ["audit"], ["cai", "revise"], ["sft"]])
+@pytest.mark.parametrize("argv", [["label"], ["judge"], ["eval"], ["audit"], ["cai", "revise"], ["sft"],
+                                  ["self-reward"]])
 def test_world_size_2_lets_the_data_parallel_commands_through(monkeypatch, argv):
     """Under WORLD_SIZE=2 a data-parallel command reaches its config (printed here, nothing runs)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -142,8 +140,7 @@ def test_world_size_2_lets_the_data_parallel_commands_through(monkeypatch, argv)
     assert "run:" in res.stdout or "judge:" in res.stdout
 
 
-@pytest.mark.parametrize("argv, name", [(["cai", "refusal"], "cai refusal"), (["self-reward"], "self-reward"),
-                                        (["chat", "hi"], "chat")])
+@pytest.mark.parametrize("argv, name", [(["cai", "refusal"], "cai refusal"), (["chat", "hi"], "chat")])
 def test_world_size_2_refuses_the_other_commands_by_their_words(monkeypatch, argv, name):
     """A group's subcommand is judged by its own words: ``cai revise`` runs data-parallel,
     ``cai refusal`` (one process answering every prompt) is refused and named."""
