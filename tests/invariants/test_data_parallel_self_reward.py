@@ -116,3 +116,41 @@ def test_self_reward_two_process_sigkill_then_resume_equals_the_uninterrupted_ru
 
 def _weights(run_dir: Path) -> Path:
     return next((run_dir / "iter_2" / "model").resolve().glob("*.safetensors"))
+
+
+def test_self_reward_seed_stage_on_two_processes(tmp_path, tiny_model_dir):
+    """The seed stage under 2 processes: the IFT-only SFT baseline and M1's SFT shard their
+    steps (one example per process per step, identical weights after), rank 0 alone writes the
+    EFT files (a random tiny model never writes "Score: N": both build groups unscored, no EFT
+    example invented) and both processes measure M1 on the held-out ranked split, each its block
+    of the 4 responses, all reported unscored."""
+    import json
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": f"Answer {i}."}) + "\n" for i in range(4)))
+    ranked = tmp_path / "ranked.jsonl"
+    ranked.write_text("".join(json.dumps({"prompt": f"Q{i}", "responses": [f"good {i}", f"bad {i}"]}) + "\n"
+                              for i in range(4)))
+    cfg = {"model": {"name": str(tiny_model_dir)}, "iterations": 1,
+           "seed_sft": {"enabled": True, "ift": [str(ift)], "train": {"steps": 2, "batch_size": 1, "grad_accum": 1}},
+           "eft": {"ranked": str(ranked), "eval_fraction": 0.5},
+           "judge": {"kind": "rubric", "template": "rubric", "rubric": {"samples": 1, "max_new_tokens": 6}},
+           "eval": {"num_prompts": 2, "sampling": {"max_new_tokens": 4, "batch_size": 1}},
+           "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path), "name": "seed"}}
+    r = run_pofe(CMD.argv, config=cfg, processes=2)
+    _ok(r)
+    it = r.run_dir / "iter_1"
+    for sub in ("sft_baseline", "sft"):
+        s = summary(it / sub)
+        assert s["processes"] == 2 and s["weights_identical_across_processes"] is True and s["steps"] == 2, sub
+    stats = json.loads((it / "data" / "eft_stats.json").read_text())
+    assert stats["groups"] == 2 and stats["groups_unscored"] == 2 and stats["examples"] == 0
+    assert len(rows(it / "data" / "ift.jsonl")) == 4 and len(rows(it / "data" / "rm_eval.jsonl")) == 2
+    assert [r_["prompt"] for r_ in rows(it / "eval_responses.jsonl")] == json.loads(
+        (r.run_dir / "inputs.json").read_text())["eval_prompts"]
+    s = summary(r.run_dir)
+    m1 = s["iterations"][0]
+    assert s["processes"] == 2 and m1["sft"]["data"] == {"ift": 4, "eft": 0, "eft_capped": 0}
+    assert m1["rm_metrics"]["n_unscored_responses"] == 4 and m1["rm_metrics"]["pairwise_accuracy"] is None
+    assert (it / "model" / "config.json").exists() and (r.run_dir / "final").exists()
+    one_run_folder(tmp_path, "seed")
