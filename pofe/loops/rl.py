@@ -153,6 +153,9 @@ class RLConfig(PofeConfig):
                               f"train.group_size ({self.train.group_size}) for pattern chunked (or use all-pairs)")
         if self.monitor is not None and self.monitor.shaping.active:  # the monitor is never optimised
             raise ConfigError("bad value for 'monitor.shaping': shaping applies only to the optimised reward; remove it")
+        if self.monitor is not None and self.monitor.judge is not None and self.monitor.judge.budget is not None:
+            raise ConfigError("bad value for 'monitor.judge.budget': the budget is the optimised reward's "
+                              "(reward.judge.budget); remove it")
         if self.audit.every and self.reward.kind == "programmatic":
             raise ConfigError("bad value for 'audit.every': reward.kind=programmatic has no judge to re-audit")
         return self

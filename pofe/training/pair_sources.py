@@ -352,6 +352,10 @@ def mode_refusal(cfg) -> str | None:
     if cfg.mode == "async" and cfg.audit.every:  # the re-audit would read the judge the background thread is using
         return ("bad value for 'audit.every': mode=async judges in a background thread while the step trains; use "
                 "mode=online")
+    if cfg.eval.judge is not None and cfg.eval.judge.budget is not None:  # only the annotator is metered
+        return "bad value for 'eval.judge.budget': the budget is the annotator's (judge.budget); remove it"
+    if cfg.mode == "offline" and cfg.judge.budget is not None:
+        return "bad value for 'judge.budget': mode=offline judges nothing; remove it"
     if cfg.mode != "offline" and cfg.diagnostics.offpolicy and not cfg.diagnostics.offline_responses:
         return (f"bad value for 'diagnostics.offline_responses': mode={cfg.mode} has no offline responses to compare "
                 "the policy's samples with; give a prompt/chosen/rejected file")

@@ -136,3 +136,17 @@ def test_budget_and_price_settings_refused_where_they_do_nothing():
     a = parse_judge_config({"kind": "length"}).identity()
     b = parse_judge_config({"kind": "length", "budget": {"tokens": 5}, "price": {"input_per_million": 1}}).identity()
     assert a == b
+
+
+def test_a_budget_nothing_reads_is_refused_when_the_config_is_parsed():
+    from pofe.config import load_config
+    from pofe.loops.online import OnlineConfig
+    from pofe.loops.rl import RLConfig
+
+    with pytest.raises(ConfigError, match="eval.judge.budget"):
+        load_config(OnlineConfig, overrides=["eval.judge.kind=length", "eval.judge.budget.tokens=5"])
+    with pytest.raises(ConfigError, match="'judge.budget': mode=offline"):
+        load_config(OnlineConfig, overrides=["mode=offline", "data.preferences=x.jsonl", "judge.budget.tokens=5"])
+    with pytest.raises(ConfigError, match="monitor.judge.budget"):
+        load_config(RLConfig, overrides=["monitor.kind=judge", "monitor.judge.kind=length", "monitor.judge.budget.tokens=5"])
+    assert load_config(OnlineConfig, overrides=["judge.budget.tokens=5"]).judge.budget.tokens == 5

@@ -177,3 +177,32 @@ def test_eval_and_audit_report_what_their_judging_cost(tmp_path, tiny_model_dir)
     rep = run_audit(judge, items, AuditConfig(contrasts=False))
     assert rep["judge_usage"]["calls"] == 8 and rep["judge_usage"]["cached"] == 0  # 4 items x 2 orders
     assert judge.usage().calls == 10
+
+
+@pytest.mark.slow
+def test_label_two_processes_sum_their_judges_and_stop_together(tmp_path, tiny_model_dir):
+    """Under torchrun each process judges its block of a batch with its own judge: the metrics row
+    carries both processes' tokens (the one-process numbers), and the budget stop is the same on
+    both, so neither waits for the other in a collective."""
+    from tests._cli import torchrun
+
+    one = _label(tmp_path, "one", tiny_model_dir)
+    assert one.returncode == 0, one.stderr
+    pairs = str(tmp_path / "pairs.jsonl")
+    base = ["label", "--pairs", pairs, "--output-dir", str(tmp_path), "--set", "judge.kind=llm",
+            "--set", f"judge.model={tiny_model_dir}", "--set", "judge.cache.enabled=false",
+            "--set", "judge.price.input_per_million=3", "--set", "judge.price.output_per_million=15",
+            "--set", "train.batch_size=2", "--set", "log.progress=false", "--set", "model.device=cpu"]
+    two = torchrun(*base, "--name", "two", nproc=2, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    keys = ("judge/calls", "judge/tokens_in", "judge/tokens_in_total")
+    want = [{k: m[k] for k in keys} for m in _rows(tmp_path / "one" / "metrics.jsonl")]
+    got = [{k: m[k] for k in keys} for m in _rows(tmp_path / "two" / "metrics.jsonl")]
+    assert got == want and len(got) == 3
+    # the processes' costs are summed: equal up to float rounding
+    assert [m["judge/cost_total"] for m in _rows(tmp_path / "two" / "metrics.jsonl")] == \
+        pytest.approx([m["judge/cost_total"] for m in _rows(tmp_path / "one" / "metrics.jsonl")])
+    budget = want[0]["judge/tokens_in"] + 1
+    cut = torchrun(*base, "--name", "cut", "--set", f"judge.budget.tokens={budget}", nproc=2, timeout=600)
+    assert cut.returncode != 0 and "judge budget spent at step 2" in cut.stderr
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["stopped"]["step"] == 2
