@@ -23,6 +23,7 @@ once its judging is done (an endpoint reports usage per answer).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Sequence
@@ -31,6 +32,8 @@ from pydantic import Field, model_validator
 
 from pofe.config import ConfigError, PofeConfig
 from pofe.errors import PofeError
+
+log = logging.getLogger(__name__)
 
 
 class PriceConfig(PofeConfig):
@@ -175,6 +178,7 @@ def usage_row(step: JudgeUsage, total: JudgeUsage) -> dict[str, Any]:
         row.update({f"judge/calls{name}": u.calls, f"judge/cached{name}": u.cached,
                     f"judge/tokens_in{name}": u.tokens_in, f"judge/tokens_out{name}": u.tokens_out,
                     f"judge/cost{name}": u.cost})
+    row["judge/unmetered_total"] = total.unmetered  # requests whose tokens the server did not report
     return row
 
 
@@ -183,7 +187,7 @@ def usage_summary(history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     last = next((h for h in reversed(history) if "judge/tokens_in_total" in h), None)
     if last is None:
         return None
-    u = {k: last.get(f"judge/{k}_total") for k in ("calls", "cached", "tokens_in", "tokens_out", "cost")}
+    u = {k: last.get(f"judge/{k}_total") for k in ("calls", "cached", "tokens_in", "tokens_out", "cost", "unmetered")}
     return {**u, "tokens": (u["tokens_in"] or 0) + (u["tokens_out"] or 0)}
 
 
@@ -199,6 +203,7 @@ class BudgetMeter:
         self.last = usage_sum(self.judges, dp)  # judges built already may have worked (none do yet)
         self.base = self.last
         self.stop: BudgetError | None = None
+        self.warned = False
 
     def total(self, now: JudgeUsage | None = None) -> JudgeUsage:
         return self.before + ((now if now is not None else usage_sum(self.judges, self.dp)) - self.base)
@@ -209,6 +214,10 @@ class BudgetMeter:
         spent, total = now - self.last, self.total(now)
         self.last = now
         why = exceeded(self.budget, total)
+        if total.unmetered and self.budget is not None and not self.warned:
+            self.warned = True
+            log.warning("judge.budget: %d judge requests so far had no token usage reported by the server; their "
+                        "tokens are unknown and not counted against the budget", total.unmetered)
         if why and self.stop is None:
             self.stop = BudgetError(f"judge budget spent at step {step}: {why}; stopped after step {step}'s "
                                     f"checkpoint (raise it with --resume RUN --set judge.budget.tokens=N or "

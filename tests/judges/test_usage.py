@@ -150,3 +150,34 @@ def test_a_budget_nothing_reads_is_refused_when_the_config_is_parsed():
     with pytest.raises(ConfigError, match="monitor.judge.budget"):
         load_config(RLConfig, overrides=["monitor.kind=judge", "monitor.judge.kind=length", "monitor.judge.budget.tokens=5"])
     assert load_config(OnlineConfig, overrides=["judge.budget.tokens=5"]).judge.budget.tokens == 5
+
+
+def test_budget_meter_rows_state_across_a_resume_and_the_stop(caplog):
+    from pofe.judges.usage import BudgetMeter, Metered
+
+    class Fake(Metered):
+        pass
+
+    judge = Fake()
+    judge.price = PriceConfig(input_per_million=1e6, output_per_million=0.0)  # 1 per input token
+    meter = BudgetMeter(BudgetConfig(tokens=25), [judge])
+    judge.count(calls=2, tokens_in=10, tokens_out=2)
+    row = meter.row(1)
+    assert (row["judge/tokens_in"], row["judge/tokens_out"], row["judge/cost"], row["judge/tokens_in_total"]) == (10, 2, 10.0, 10)
+    assert meter.stop_after(1) is None
+    state = meter.state()
+    assert state["judge_usage"]["tokens"] == 12 and state["judge_usage"]["cost"] == 10.0
+    # a resumed process: a fresh judge, the total from the checkpoint
+    judge2 = Fake()
+    resumed = BudgetMeter(BudgetConfig(tokens=25), [judge2], state=state)
+    judge2.count(calls=2, cached=1, tokens_in=10, tokens_out=2, unmetered=1)
+    with caplog.at_level("WARNING"):
+        row = resumed.row(2)
+    assert (row["judge/tokens_in"], row["judge/tokens_in_total"], row["judge/cached_total"]) == (10, 20, 1)
+    assert row["judge/unmetered_total"] == 1 and "no token usage reported" in caplog.text
+    assert resumed.stop_after(2) is None  # 24 tokens: within 25
+    judge2.count(calls=1, tokens_in=2)
+    resumed.row(3)  # 26 > 25: the step that went past it
+    err = resumed.stop_after(3)
+    assert err is not None and err.exit_code == 2 and str(err).startswith("judge budget spent at step 3: 26 tokens")
+    assert resumed.stop_after(4) is None  # the stop belongs to its step

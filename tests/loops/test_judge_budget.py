@@ -12,7 +12,8 @@ from tests._cli import error_lines, invoke
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 KEYS = ("judge/calls", "judge/cached", "judge/tokens_in", "judge/tokens_out", "judge/cost",
-        "judge/calls_total", "judge/cached_total", "judge/tokens_in_total", "judge/tokens_out_total", "judge/cost_total")
+        "judge/calls_total", "judge/cached_total", "judge/tokens_in_total", "judge/tokens_out_total", "judge/cost_total",
+        "judge/unmetered_total")
 
 
 def _pairs(tmp_path, n=6):
@@ -46,7 +47,7 @@ def test_label_budget_stops_cleanly_and_a_resume_with_a_larger_budget_equals_the
     assert metrics[-1]["judge/cost_total"] == pytest.approx(sum(steps) * 3 / 1e6)
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["judge_usage"] == {"calls": 12, "cached": 0, "tokens_in": sum(steps), "tokens_out": 0,
-                                      "cost": pytest.approx(sum(steps) * 3 / 1e6), "tokens": sum(steps)}
+                                      "cost": pytest.approx(sum(steps) * 3 / 1e6), "unmetered": 0, "tokens": sum(steps)}
 
     # a budget that step 1 stays within and step 2 goes past: stopped after step 2's checkpoint
     budget = steps[0] + 1

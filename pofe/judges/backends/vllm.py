@@ -119,16 +119,21 @@ class VLLMBackend(SingleTokenChoices):
             self.exact_reads += len(missing)
         self.stats.add(calls=1 + bool(missing), tokens=sum(len(x) for x in ids) + sum(len(ids[i]) + 1 for i, _ in missing),
                        seconds=time.perf_counter() - t0)
+        # what each read cost: its prompt, the one decoded answer position, and any exact-read prefill
+        extra = [0] * len(ids)
+        for i, _ in missing:
+            extra[i] += len(ids[i]) + 1
         out = []
-        for d, x in zip(reads, ids):
+        for d, x, more in zip(reads, ids, extra):
+            meter = {"tokens": len(x) + 1 + more, "tokens_out": 1}
             # every single-token spelling was read (exactly when outside the top-k); a choice with
             # no single-token spelling is -inf, as on the transformers backend
             why = logprob_error(d[v] for c in choices for v in self.variant_ids(c))
             if why:  # NaN from overflowing half-precision logits, or a probability above 1: never a read
-                out.append(ChoiceRead(None, tokens=len(x), error=why))
+                out.append(ChoiceRead(None, error=why, **meter))
                 continue
             lps = {c: logsumexp(min(d[v], 0.0) for v in self.variant_ids(c)) for c in choices}
-            out.append(ChoiceRead(logprobs=lps, tokens=len(x)))
+            out.append(ChoiceRead(logprobs=lps, **meter))
         return out
 
     def generate(self, requests: Sequence[Rendered], *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
