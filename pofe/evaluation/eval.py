@@ -421,9 +421,9 @@ def run_eval(cfg: EvalConfig, *, judge=None, generator=None, dp: DataParallel | 
     """Generate where needed, judge both orders, and summarise (the ``--json`` object, with
     ``processes`` and ``judge_usage``: calls, cache hits, tokens in and out, cost, over every
     process). ``dp``: the processes to split the work over (default: as launched)."""
-    from pofe.judges.usage import usage_sum
+    from pofe.judges.usage import budget_of, usage_sum
 
-    if cfg.judge.budget is not None:  # nothing would read it: one pass, no steps to stop after
+    if budget_of(cfg.judge) is not None:  # nothing would read it: one pass, no steps to stop after
         raise ConfigError("bad value for 'judge.budget': pofe eval judges in one pass with no step to stop after "
                           "(budgets apply to label, judge, online and rl); remove it")
     specs = policy_specs(cfg)

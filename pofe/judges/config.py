@@ -180,12 +180,6 @@ class _JudgeKind(PofeConfig):
 
     kind: str
     """Which judge (each kind narrows this to its own name; declared here so it comes first in dumped configs)."""
-    price: PriceConfig | None = None
-    """What the judge's tokens cost, per million in and out (any currency): gives ``cost`` in metrics and
-    summaries (``pofe.judges.usage``). A jury's cost is its members' (each member's own price)."""
-    budget: BudgetConfig | None = None
-    """The most one run may spend on judging (``tokens`` in + out and/or ``cost``): the run stops cleanly after
-    the step that goes past it; ``--resume RUN --set judge.budget.tokens=N`` continues with a larger one."""
 
     def identity(self) -> dict[str, Any]:
         """Everything in this config that can change a label, as a flat-ish JSON dict: what an
@@ -230,9 +224,25 @@ class _JudgeKind(PofeConfig):
 
     def _inapplicable(self) -> list[tuple[str, str]]:
         """(key, why) for each explicitly set setting that this configuration ignores."""
-        if self.budget is not None and self.budget.cost is not None and not self._priced():
-            return [("budget.cost", "a cost budget needs judge.price to turn tokens into cost")]
         return []
+
+
+class _MeteredKind(_JudgeKind):
+    """A built-in kind: its judging is counted (``pofe.judges.usage``), priced and budgeted. A
+    plugin kind is not (its judge is the plugin's own object)."""
+
+    price: PriceConfig | None = None
+    """What the judge's tokens cost, per million in and out (any currency): gives ``cost`` in metrics and
+    summaries (``pofe.judges.usage``). A jury's cost is its members' (each member's own price)."""
+    budget: BudgetConfig | None = None
+    """The most one run may spend on judging (``tokens`` in + out and/or ``cost``): the run stops cleanly after
+    the step that goes past it; ``--resume RUN --set judge.budget.tokens=N`` continues with a larger one."""
+
+    def _inapplicable(self) -> list[tuple[str, str]]:
+        out = super()._inapplicable()
+        if self.budget is not None and self.budget.cost is not None and not self._priced():
+            out.append(("budget.cost", "a cost budget needs judge.price to turn tokens into cost"))
+        return out
 
     def _priced(self) -> bool:
         return self.price is not None
@@ -280,7 +290,7 @@ def _llamacpp_inapplicable(lc: "LlamaCppConfig", owner: BaseModel, reads_logprob
     return out
 
 
-class _InProcessSettings(_JudgeKind):
+class _InProcessSettings(_MeteredKind):
     """A judge model run in this process (transformers)."""
 
     model: str = DEFAULT_JUDGE_MODEL
@@ -296,7 +306,7 @@ class _InProcessSettings(_JudgeKind):
     """Maximum judge prompt tokens (longer prompts keep their end)."""
 
 
-class _LLMSettings(_JudgeKind):
+class _LLMSettings(_MeteredKind):
     """Settings of every LLM judge, whatever runs the model."""
 
     template: str = "helpful"
@@ -465,7 +475,7 @@ class ExpectedScoreJudgeConfig(_PointwiseLLMSettings):
     base_capabilities: ClassVar[frozenset[Capability]] = frozenset({P, LP})
 
 
-class _ValueSettings(_JudgeKind):
+class _ValueSettings(_MeteredKind):
     temperature: float = Field(0.0, ge=0)
     """0 = hard 1/0/0.5 labels, > 0 = sigmoid((v_A - v_B) / temperature)."""
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})
@@ -510,7 +520,7 @@ class CallableJudgeConfig(_ValueSettings):
         return v
 
 
-class RewardModelJudgeConfig(_JudgeKind):
+class RewardModelJudgeConfig(_MeteredKind):
     """``reward-model``: a sequence-classification checkpoint with one output;
     P(A > B) = sigmoid(r_A - r_B) (OAIF Sec. 4.3's RM baseline)."""
 
@@ -668,7 +678,7 @@ _MemberConfig = _kind_union(JUDGE_CONFIGS)
 """A jury member's section: any kind but the jury (plugins' included)."""
 
 
-class JuryJudgeConfig(_JudgeKind):
+class JuryJudgeConfig(_MeteredKind):
     """``jury``: several pairwise judges, one verdict. Each member reads the pair itself (both
     orders, if it does), its p goes through its own calibration map when one is given, and the
     jury's p is the weighted mean of the members' log-odds,
@@ -710,7 +720,7 @@ class JuryJudgeConfig(_JudgeKind):
             if PW not in m.capabilities:
                 raise ConfigError(f"bad value for 'judge.members.{i}.kind': {m.kind} is not a pairwise judge "
                                   "(a pointwise score has no log-odds of A over B to pool)")
-            if m.budget is not None:  # only the jury's own budget is read
+            if getattr(m, "budget", None) is not None:  # only the jury's own budget is read
                 raise ConfigError(f"bad value for 'judge.members.{i}.budget': a budget is the whole jury's; set "
                                   "judge.budget instead")
             out.append(m)

@@ -238,7 +238,7 @@ def build_judge(cfg, **runtime):
         return cfg.options.build(**runtime)
     builder = JUDGES[cfg.kind]
     judge = builder(cfg, **runtime) if runtime else builder(cfg)
-    if cfg.price is not None and hasattr(judge, "count"):  # a metered judge: its usage() prices its tokens
+    if getattr(cfg, "price", None) is not None and hasattr(judge, "count"):  # a metered judge: its usage() prices its tokens
         judge.price = cfg.price
     return judge
 

@@ -231,6 +231,11 @@ class BudgetMeter:
         return self.stop if self.stop is not None and self.stop.step == step else None
 
 
+def budget_of(judge_cfg: Any) -> BudgetConfig | None:
+    """A judge config's ``budget`` (None for none, and for a plugin kind, which has no such key)."""
+    return getattr(judge_cfg, "budget", None)
+
+
 def exceeded(budget: BudgetConfig | None, total: JudgeUsage) -> str | None:
     """Why ``total`` is past ``budget`` (None: within it)."""
     if budget is None:
@@ -243,4 +248,4 @@ def exceeded(budget: BudgetConfig | None, total: JudgeUsage) -> str | None:
 
 
 __all__ = ["PriceConfig", "BudgetConfig", "BudgetError", "JudgeUsage", "Metered", "usage_of", "usage_sum", "usage_row",
-           "usage_summary", "BudgetMeter", "exceeded"]
+           "usage_summary", "BudgetMeter", "budget_of", "exceeded"]

@@ -23,7 +23,7 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.data.io import DataError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
-from pofe.judges.usage import BudgetMeter, usage_summary
+from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.recipe import Recipe, RunContext, drive
 from pofe.runs import JsonlWriter, RunConfig
 from pofe.training.tracking import LogConfig
@@ -133,7 +133,7 @@ class JudgeRecipe(Recipe):
         if run.main and self.out_path.exists():
             self.out_path.unlink()  # one run's output, never appended to (never an input: checked in load_data)
         self.judge = build_judge(cfg.judge, **self.runtime)  # every process its own (and its own cache connection)
-        self.meter = BudgetMeter(cfg.judge.budget, [self.judge], dp=self.dp)  # tokens, cost, judge.budget's stop
+        self.meter = BudgetMeter(budget_of(cfg.judge), [self.judge], dp=self.dp)  # tokens, cost, judge.budget's stop
         self.writer = JsonlWriter(self.out_path) if run.main else None  # rank 0 writes the gathered verdicts
         self.verdicts: list = []
         self.t0 = time.perf_counter()

@@ -53,7 +53,7 @@ from pofe.data.labelled_pairs import (DEFAULT_SAMPLED_PROMPTS, input_info, label
 from pofe.evaluation.label_stats import batch_metrics, cache_counts, drop_counts, label_stats
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
-from pofe.judges.usage import BudgetMeter, usage_summary
+from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.labels import LabelPolicy
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
@@ -219,7 +219,7 @@ class LabelRecipe(Recipe):
         done = min(run.start * self.cfg.train.batch_size, len(self.pairs))
         self.resumed_after = done if run.resumed else None
         # tokens and cost per batch, the run's total across resumes, judge.budget's stop
-        self.meter = BudgetMeter(self.cfg.judge.budget, [self.judge], dp=self.dp, state=run.state)
+        self.meter = BudgetMeter(budget_of(self.cfg.judge), [self.judge], dp=self.dp, state=run.state)
         # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
         self.writer = JsonlWriter(run.dir / "labels.jsonl") if run.main else None
         log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(self.pairs),

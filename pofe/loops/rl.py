@@ -47,7 +47,7 @@ from pydantic import Field, field_validator, model_validator
 from pofe.config import ConfigError, PofeConfig
 from pofe.data.io import DataError
 from pofe.generation import SamplingConfig
-from pofe.judges.usage import BudgetMeter, usage_summary
+from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
@@ -153,7 +153,7 @@ class RLConfig(PofeConfig):
                               f"train.group_size ({self.train.group_size}) for pattern chunked (or use all-pairs)")
         if self.monitor is not None and self.monitor.shaping.active:  # the monitor is never optimised
             raise ConfigError("bad value for 'monitor.shaping': shaping applies only to the optimised reward; remove it")
-        if self.monitor is not None and self.monitor.judge is not None and self.monitor.judge.budget is not None:
+        if self.monitor is not None and budget_of(self.monitor.judge) is not None:
             raise ConfigError("bad value for 'monitor.judge.budget': the budget is the optimised reward's "
                               "(reward.judge.budget); remove it")
         if self.audit.every and self.reward.kind == "programmatic":
@@ -212,9 +212,8 @@ class RLRecipe(Recipe):
         cfg = self.cfg
         self.before = self.measure() if run.start == 0 else run.state.get("eval_before")
         # the reward judge's tokens and cost per step (after the held-out measurement), reward.judge.budget's stop
-        judge_cfg = cfg.reward.judge
-        self.meter = BudgetMeter(judge_cfg.budget if judge_cfg is not None else None,
-                                 [getattr(self.reward_fn, "judge", None)], dp=self.dp, state=run.state)
+        self.meter = BudgetMeter(budget_of(cfg.reward.judge), [getattr(self.reward_fn, "judge", None)], dp=self.dp,
+                                 state=run.state)
         log.info("rl: %s, %d steps x %d prompts x %d samples, reward %s, KL in %s (beta %g)", cfg.algo, cfg.train.steps,
                  cfg.train.batch_size, cfg.train.group_size, self.reward_fn.id, cfg.kl_in, cfg.beta)
 

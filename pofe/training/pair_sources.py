@@ -334,10 +334,10 @@ def make_source(cfg, acc, ddp_policy, tokenizer, judges, items: list, state: dic
                    PromptCursor(items, cfg.seed, int(state.get("cursor", 0))), buffer, ledger)
     source = SOURCES[cfg.mode](lp, EngineSync(engine, cfg, last=start))
     if judges.judge is not None:
-        from pofe.judges.usage import BudgetMeter
+        from pofe.judges.usage import BudgetMeter, budget_of
         from pofe.training.parallel import DataParallel
 
-        source.meter = BudgetMeter(cfg.judge.budget, [judges.judge], dp=DataParallel(acc), state=state)
+        source.meter = BudgetMeter(budget_of(cfg.judge), [judges.judge], dp=DataParallel(acc), state=state)
     return source
 
 
@@ -352,9 +352,11 @@ def mode_refusal(cfg) -> str | None:
     if cfg.mode == "async" and cfg.audit.every:  # the re-audit would read the judge the background thread is using
         return ("bad value for 'audit.every': mode=async judges in a background thread while the step trains; use "
                 "mode=online")
-    if cfg.eval.judge is not None and cfg.eval.judge.budget is not None:  # only the annotator is metered
+    from pofe.judges.usage import budget_of
+
+    if budget_of(cfg.eval.judge) is not None:  # only the annotator is metered
         return "bad value for 'eval.judge.budget': the budget is the annotator's (judge.budget); remove it"
-    if cfg.mode == "offline" and cfg.judge.budget is not None:
+    if cfg.mode == "offline" and budget_of(cfg.judge) is not None:
         return "bad value for 'judge.budget': mode=offline judges nothing; remove it"
     if cfg.mode != "offline" and cfg.diagnostics.offpolicy and not cfg.diagnostics.offline_responses:
         return (f"bad value for 'diagnostics.offline_responses': mode={cfg.mode} has no offline responses to compare "

@@ -23,7 +23,7 @@ from pofe.evaluation.audit.metrics import calibration_metrics
 from pofe.judges.base import as_pairwise
 from pofe.judges.jury import JuryJudge
 from pofe.judges.summary import summarize_judgments
-from pofe.judges.usage import usage_sum
+from pofe.judges.usage import budget_of, usage_sum
 from pofe.training.parallel import DataParallel, launched
 
 
@@ -87,7 +87,7 @@ def audit_from_config(cfg: AuditConfig, judge=None) -> dict[str, Any]:
     if not cfg.data.calibration:
         raise ValueError("audit: give at least one calibration file or folder (pofe audit FILE, --calibration or "
                          "data.calibration)")
-    if cfg.judge.budget is not None:  # nothing would read it: the audit has no step to stop after
+    if budget_of(cfg.judge) is not None:  # nothing would read it: the audit has no step to stop after
         raise ConfigError("bad value for 'judge.budget': pofe audit judges its calibration set in one pass "
                           "(budgets apply to label, judge, online and rl); remove it")
     guard_audit_outputs(cfg)
