@@ -12,6 +12,10 @@ judge's own tokenizer. A request whose server reported no usage is counted in ``
 (its tokens are unknown, never guessed). Programmatic judges call no model: zero tokens.
 A jury's usage is the sum of its members'.
 
+A step's ``judge/*`` keys are the metered judge's work since the previous row: a held-out
+measurement or a win rate the same judge object judged between two steps counts in the next
+row; a summary's ``judge_usage`` is the run's total at its end (a final evaluation included).
+
 ``judge.price`` turns tokens into ``cost`` (currency-agnostic: per million tokens in and out).
 ``judge.budget`` caps tokens and/or cost for one run: after a step whose judging brought the
 run's total *past* the budget, the driver checkpoints that step, writes ``summary.stopped``
@@ -226,6 +230,11 @@ class BudgetMeter:
 
     def state(self) -> dict[str, Any]:
         return {"judge_usage": self.total().to_dict()}
+
+    def summary(self) -> dict[str, Any]:
+        """The run's total now (a collective under data parallel): with what was judged after the
+        last row (a final evaluation)."""
+        return self.total().to_dict()
 
     def stop_after(self, step: int) -> BudgetError | None:
         return self.stop if self.stop is not None and self.stop.step == step else None

@@ -47,7 +47,7 @@ from pydantic import Field, field_validator, model_validator
 from pofe.config import ConfigError, PofeConfig
 from pofe.data.io import DataError
 from pofe.generation import SamplingConfig
-from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
+from pofe.judges.usage import BudgetMeter, budget_of
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
@@ -210,10 +210,10 @@ class RLRecipe(Recipe):
 
     def restore(self, run: RunContext) -> None:
         cfg = self.cfg
-        self.before = self.measure() if run.start == 0 else run.state.get("eval_before")
-        # the reward judge's tokens and cost per step (after the held-out measurement), reward.judge.budget's stop
+        # the reward judge's tokens and cost per step (the held-out measurement's in step 1), reward.judge.budget's stop
         self.meter = BudgetMeter(budget_of(cfg.reward.judge), [getattr(self.reward_fn, "judge", None)], dp=self.dp,
                                  state=run.state)
+        self.before = self.measure() if run.start == 0 else run.state.get("eval_before")
         log.info("rl: %s, %d steps x %d prompts x %d samples, reward %s, KL in %s (beta %g)", cfg.algo, cfg.train.steps,
                  cfg.train.batch_size, cfg.train.group_size, self.reward_fn.id, cfg.kl_in, cfg.beta)
 
@@ -251,10 +251,11 @@ class RLRecipe(Recipe):
         keys = ("objective/scores", "objective/kl", "objective/kl_k3", "length", "monitor")
         out = {"algo": cfg.algo, "kl_in": cfg.kl_in, "beta": cfg.beta, "reward": self.reward_fn.id,
                "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
-               "last5": {k: avg(k) for k in keys}, "eval_before": self.before, "eval_after": self.measure()}
+               "last5": {k: avg(k) for k in keys}, "eval_before": self.before,
+               "eval_after": None if self.meter.stop else self.measure()}  # a spent budget is not spent further
         more = {"shaping": cfg.reward.shaping.model_dump() if cfg.reward.shaping.active else None,
                 "audit": audit_length_bias(self.require_audit), "drift": drift_summary(history),
-                "judge_usage": usage_summary(history)}
+                "judge_usage": self.meter.summary()}  # after eval_after: the run's whole judging
         return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 

@@ -145,8 +145,9 @@ class EngineSync:
 class _Metered:
     """The annotator's judging metered (:mod:`pofe.judges.usage`): each step's ``judge/*`` keys
     (this step's calls, cache hits, tokens in and out and cost, and the run's totals), the totals
-    kept in the checkpoint across resumes, and ``judge.budget``'s stop. The evaluation judge
-    (``eval.judge``) is not metered."""
+    kept in the checkpoint across resumes, and ``judge.budget``'s stop. A separate evaluation
+    judge (``eval.judge``) is not metered; without one the annotator judges the win rate too, and
+    that judging is counted (in the next step's row)."""
 
     meter = None  # a BudgetMeter, set by make_source (None without a judge: mode=offline)
 
@@ -161,12 +162,12 @@ class _Metered:
     def meter_state(self) -> dict[str, Any]:
         return self.meter.state() if self.meter is not None else {}
 
-    @staticmethod
-    def summary(history: list[dict[str, Any]]) -> dict[str, Any]:
-        """``judge_usage``: the run's judging totals (None in mode=offline)."""
+    def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """``judge_usage``: the run's judging total at its end -- the last win rate included when the
+        annotator judges it (no ``eval.judge``) -- or None in mode=offline. A collective."""
         from pofe.judges.usage import usage_summary
 
-        return {"judge_usage": usage_summary(history)}
+        return {"judge_usage": self.meter.summary() if self.meter is not None else usage_summary(history)}
 
 
 class _Source(_Metered):

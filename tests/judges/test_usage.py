@@ -181,3 +181,5 @@ def test_budget_meter_rows_state_across_a_resume_and_the_stop(caplog):
     err = resumed.stop_after(3)
     assert err is not None and err.exit_code == 2 and str(err).startswith("judge budget spent at step 3: 26 tokens")
     assert resumed.stop_after(4) is None  # the stop belongs to its step
+    judge2.count(calls=2, tokens_in=7)  # judged after the last row (a final evaluation): in the summary's total
+    assert resumed.summary()["tokens_in"] == 10 + 10 + 2 + 7 and resumed.summary()["calls"] == 2 + 2 + 1 + 2
