@@ -167,6 +167,8 @@ class SelfRewardConfig(PofeConfig):
         # Step 3 scores each candidate on its own (Yuan et al. 2024, Sec. 2.2): a pairwise-only
         # judge has no score to give, so refuse it here, before any model loads.
         require_capability(v, Capability.POINTWISE, where="judge (self-reward scores each candidate on its own)")
+        if getattr(v, "budget", None) is not None:  # nothing here meters the self-judge yet: a budget would be ignored
+            raise ValueError("judge.budget is not read by pofe self-reward (its judge is not metered); remove it")
         return v
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,15 @@ def test_label_two_processes_sum_their_judges_and_stop_together(tmp_path, tiny_m
     cut = torchrun(*base, "--name", "cut", "--set", f"judge.budget.tokens={budget}", nproc=2, timeout=600)
     assert cut.returncode != 0 and "judge budget spent at step 2" in cut.stderr
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["stopped"]["step"] == 2
+
+
+def test_self_reward_refuses_a_budget_it_would_not_read():
+    """pofe self-reward does not meter its self-judge: a judge.budget there would be ignored
+    silently, so it is a config error naming the key (exit 2, before any model loads)."""
+    cfg = str(Path(__file__).resolve().parents[2] / "examples" / "self-reward-tiny.yaml")
+    res = invoke("self-reward", "--config", cfg, "--set", "judge.budget.tokens=10",
+                 "--print-config")
+    assert res.returncode == 2
+    assert "judge.budget is not read by pofe self-reward" in res.stderr + res.stdout
+    ok = invoke("self-reward", "--config", cfg, "--print-config")
+    assert ok.returncode == 0, ok.stderr
