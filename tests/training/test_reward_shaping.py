@@ -65,21 +65,27 @@ def test_group_means_are_unchanged_and_rloo_sees_only_the_ranking_shift(seed):
              "lists": torch.randint(0, 5, (groups * k,), generator=g).double()}
     terms = group_shaping(feats, {"length": -0.02, "lists": 0.3}, valid, k)
     shaped = r + sum(terms.values())
+    centred = 0
     for i in range(groups):
         sl = slice(i * k, (i + 1) * k)
         v = valid[sl]
-        if v.any():
+        if v.any():  # a group with no scored sample has no mean to keep
             assert shaped[sl][v].mean().item() == pytest.approx(r[sl][v].mean().item(), abs=1e-12)
+            centred += 1
         assert (shaped[sl][~v] == r[sl][~v]).all()  # unscored samples get no term
+    assert centred >= groups // 2, f"seed {seed}: only {centred} groups had a scored sample; the check saw too little"
     # RLOO's advantages move by exactly k/(k-1) times the centred term on scored samples of full groups
     adv0, adv1 = (masked_group_advantages(x, valid, k, "rloo") for x in (r, shaped))
+    compared = 0
     for i in range(groups):
         sl = slice(i * k, (i + 1) * k)
         v = valid[sl]
         n = int(v.sum())
-        if n >= 2:
+        if n >= 2:  # RLOO's leave-one-out baseline needs two scored samples
             term = sum(t[sl] for t in terms.values())[v]
             assert (adv1[sl][v] - adv0[sl][v]).tolist() == pytest.approx((n / (n - 1) * term).tolist(), abs=1e-9)
+            compared += 1
+    assert compared >= groups // 2, f"seed {seed}: only {compared} groups had two scored samples"
 
 
 @pytest.mark.parametrize("bad,key", [("reward.shaping.length=abc", "reward.shaping.length"),
