@@ -11,7 +11,10 @@ One model is both the policy and its own judge; ``iter_t/`` holds how M_t was ma
      with the additive 5-point rubric, k = 3 samples averaged; unscored ones excluded and
      counted (:mod:`pofe.generation.candidates`);
   4. pair = highest vs lowest mean score; ties / fewer than two scores dropped and counted
-     -> ``data/aift.jsonl`` (:mod:`pofe.data.aift`);
+     -> ``data/aift.jsonl`` (:mod:`pofe.data.aift`); optionally (off by default, see
+     :mod:`pofe.training.self_reward_variants`) the rejected from the seed model M1's candidates
+     (``temporal.anchor: m1``, Temporal Self-Rewarding) and/or the label softened to CREAM's
+     consistency C between the judgments of M_{t-1} and M_{t-2} (``cream.enabled``);
   5. M_t = DPO on AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1} (beta 0.1, lr 1e-6 cosine to
      1e-7), through ``pofe online``'s offline mode (one DPO trainer);
   6. the DPO checkpoint with the best head-to-head win rate against M_{t-1} on validation
@@ -58,6 +61,7 @@ from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.metrics import iteration_row
 from pofe.training.self_reward_stages import Chain
+from pofe.training.self_reward_variants import CreamSettings, TemporalSettings
 from pofe.training.stages import write_json
 from pofe.training.tracking import LogConfig
 
@@ -149,6 +153,11 @@ class SelfRewardConfig(PofeConfig):
     """self: LLM judges run on M_t (self-rewarding). fixed: ``judge.model`` as configured."""
     dpo: DPOSettings = DPOSettings()
     """The DPO stage."""
+    cream: CreamSettings = CreamSettings()
+    """CREAM (Wang et al. 2024): the previous iteration's model judges the same candidates and
+    the rankings' consistency C becomes DPO's soft label (from iteration 3)."""
+    temporal: TemporalSettings = TemporalSettings()
+    """Temporal Self-Rewarding: anchored rejection (rejected from M1's candidates)."""
     selection: SelectionSettings = SelectionSettings()
     """Checkpoint selection."""
     eval: SelfRewardEvalConfig = SelfRewardEvalConfig()
@@ -204,8 +213,13 @@ class SelfRewardRecipe(Recipe):
         self.chain.reload(run.start)  # M1..M_start from their iter_t/ files
 
     def step(self, step: int) -> dict[str, Any]:
-        row = iteration_row(self.chain.iteration(step))
+        m = self.chain.iteration(step)
+        row = iteration_row(m)
         row.pop("step")
+        cream = m.get("cream") or {}
+        row.update({f"cream/{k}": cream[k] for k in ("tau_mean", "C") if cream.get(k) is not None})
+        if cream:
+            row["cream/applied"] = int(cream["applied"])
         return row
 
     def after_row(self, step: int) -> None:
@@ -216,7 +230,8 @@ class SelfRewardRecipe(Recipe):
         return {"model": self.chain.prev_model}
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"iterations": self.chain.iterations, "inputs": self.inp.counts}
+        return {"iterations": self.chain.iterations, "inputs": self.inp.counts,
+                "variants": {"cream": self.cfg.cream.enabled, "temporal_anchor": self.cfg.temporal.anchor}}
 
     def save_final(self, out: Path) -> Path:
         return self.chain.final(out)  # final/ = M_T

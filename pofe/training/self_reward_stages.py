@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pofe.data.aift import build_pairs, score_stats
+from pofe.data.aift import score_stats
 from pofe.data.eft import write_eft_files
 from pofe.data.self_reward_inputs import Inputs
 from pofe.evaluation.self_reward import measure_responses, rm_eval, select_checkpoint
@@ -48,6 +48,7 @@ from pofe.training.checkpoints import final_complete
 from pofe.training.guards import fault_point
 from pofe.training.model import ModelConfig
 from pofe.training.parallel import DataParallel
+from pofe.training.self_reward_variants import variant_pairs
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
 from pofe.training.tracking import LogConfig
 
@@ -181,10 +182,11 @@ def _make_prompts(cfg, inp: Inputs, policy, tok, machine: list[str], t: int, pat
     return kept, stats
 
 
-def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path):
+def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path, labels: str = "hard"):
     """Step 5's ``pofe online`` config (offline mode: the one DPO trainer): M_t = DPO on
     AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1}, with ``selection.num_checkpoints``
-    evenly spaced checkpoints to select from."""
+    evenly spaced checkpoints to select from. ``labels``: soft when the pairs carry CREAM's
+    consistency as their ``p`` (:mod:`pofe.training.self_reward_variants`)."""
     from pofe.loops import online
     from pofe.recipe import CheckpointConfig
 
@@ -196,7 +198,7 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
         model=ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
                           trust_remote_code=cfg.model.trust_remote_code,
                           gradient_checkpointing=cfg.model.gradient_checkpointing, lora=cfg.model.lora),
-        loss=online.LossSettings(name="dpo", beta=d.beta, labels="hard"),
+        loss=online.LossSettings(name="dpo", beta=d.beta, labels=labels),
         optim=d.optim,
         train=online.TrainSettings(steps=steps, batch_size=d.batch_size, grad_accum=d.grad_accum),
         data=online.DataSettings(preferences=str(aift_path)),
@@ -208,14 +210,14 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
 
 
 def dpo_stage(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path,
-              dp: DataParallel = DataParallel()) -> dict[str, Any]:
+              dp: DataParallel = DataParallel(), labels: str = "hard") -> dict[str, Any]:
     """Step 5, through ``pofe online`` (data-parallel through its driver); a DPO folder already
     begun resumes from its checkpoints. Returns rank 0's summary (it alone saves ``final/``)."""
     from pofe.loops import online
 
     dpo_dir = it_dir / "dpo"
     resume = dpo_dir if dp.from_main((dpo_dir / "config.yaml").exists()) else None
-    return dp.from_main(online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir), resume=resume))
+    return dp.from_main(online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir, labels), resume=resume))
 
 
 def validation_baseline(cfg, inp: Inputs, model, tok, judge, it_dir: Path,
@@ -236,7 +238,7 @@ def validation_baseline(cfg, inp: Inputs, model, tok, judge, it_dir: Path,
 
 def train_and_select(cfg, inp: Inputs, prev_model: str, aift: Path, n_pairs: int, t: int, it_dir: Path,
                      sel_judge, prev_val: list[str], clock: StageClock,
-                     dp: DataParallel = DataParallel()) -> tuple[dict[str, Any], str]:
+                     dp: DataParallel = DataParallel(), labels: str = "hard") -> tuple[dict[str, Any], str]:
     """Steps 5-6: DPO, then the checkpoint with the best head-to-head win rate against M_{t-1}
     on validation prompts ("Early stopping") becomes ``iter_t/model``. Returns DPO's summary and M_t."""
     if not n_pairs:
@@ -248,7 +250,7 @@ def train_and_select(cfg, inp: Inputs, prev_model: str, aift: Path, n_pairs: int
         # selection finished before a crash and pruned DPO's checkpoints: DPO is done, not redone
         dpo = json.loads(dpo_summary.read_text())
     else:
-        dpo = dpo_stage(cfg, prev_model, aift, n_pairs, t, it_dir, dp)
+        dpo = dpo_stage(cfg, prev_model, aift, n_pairs, t, it_dir, dp, labels)
     clock.lap("dpo")
     fault_point(f"sr{t}:after_dpo")
     final = Path(dpo["final_model"])
@@ -375,7 +377,10 @@ class Chain:
         rows = scored_candidates(it_dir / "data" / "candidates.jsonl", prompts, model, tok, judge, cfg.candidates,
                                  seed=lambda start: stage_seed(cfg.seed, "cand", t, start), dp=dp)
         clock.lap("candidates_and_judging")
-        pairs, pair_counts = build_pairs(rows)
+        # 4. pairs (best vs worst, or with the configured variants: CREAM, anchored rejection)
+        pairs, pair_counts, variants = variant_pairs(
+            cfg, rows, t=t, it_dir=it_dir, dp=dp, prev_judge=lambda: self.previous_judge(t),
+            anchor_rows=lambda: rows if t == 2 else self.anchor_candidates(t, prompts, judge))
         aift = it_dir / "data" / "aift.jsonl"
         if dp.main:
             write_jsonl(aift, pairs)
@@ -389,8 +394,9 @@ class Chain:
         clock.lap("validation_baseline")
         if not pairs:
             log.warning("iteration %d: no preference pairs (%s); M%d = M%d", t, pair_counts, t, t - 1)
+        labels = (variants.get("cream") or {}).get("labels", "hard")
         dpo, model_dir = train_and_select(cfg, inp, self.prev_model, aift, len(pairs), t, it_dir, sel_judge, prev_val,
-                                          clock, dp)
+                                          clock, dp, labels)
         sel = dp.from_main(json.loads((it_dir / "selection.json").read_text())
                            if dp.main and (it_dir / "selection.json").exists() else {})
         del judge, sel_judge
@@ -401,10 +407,32 @@ class Chain:
         self.policy = load_stage_model(model_dir, cfg)
         ev, _ = evaluate_stage(cfg, inp, *self.policy, t, it_dir, self.yardstick(), self.prev_eval, dp)
         clock.lap("evaluation")
-        return {"iteration": t, "model": model_dir, "prompts": p_stats, "pairs": pair_counts, **gen_stats,
+        return {"iteration": t, "model": model_dir, "prompts": p_stats, "pairs": pair_counts, **gen_stats, **variants,
                 "dpo": {k: dpo.get(k) for k in DPO_KEYS if k in dpo}, "dpo_steps": dpo.get("steps", None),
                 "selected_step": sel.get("selected_step"), "selection": sel.get("candidates"), **ev,
                 "seconds": clock.laps}
+
+    def previous_judge(self, t: int):
+        """CREAM's second judge in iteration ``t``: the training judge on M_{t-2} (None for t = 2:
+        M1 has no previous self-rewarding iteration). A judge that does not run on the policy's
+        weights (a fixed or programmatic one) is the same judge built again."""
+        if t < 3:
+            return None
+        ref = self.iterations[t - 3]["model"]
+        own = self.cfg.judge_model == "self" and has_capability(self.cfg.judge, Capability.SHARES_WEIGHTS)
+        model, tok = load_stage_model(ref, self.cfg) if own else (None, None)
+        return build_shared_judge(self.cfg.judge, **judge_runtime(self.cfg, model, tok, f"M{t - 2}"))
+
+    def anchor_candidates(self, t: int, prompts: list[str], judge) -> list[dict]:
+        """Anchored rejection's candidate set in iteration ``t`` >= 3: M1's N candidates for this
+        iteration's prompts (sampled as the current model's are), scored by the current judge."""
+        m1 = load_stage_model(self.iterations[0]["model"], self.cfg)
+        rows = scored_candidates(self.it_dir(t) / "data" / "anchor_candidates.jsonl", prompts, *m1, judge,
+                                 self.cfg.candidates, seed=lambda start: stage_seed(self.cfg.seed, "anchor", t, start),
+                                 dp=self.dp)
+        del m1
+        free()
+        return rows
 
     def final(self, out: Path) -> Path:
         """``out`` (``final/``) = M_T: a link to ``iter_T/model`` (a copy when M_T is not a folder

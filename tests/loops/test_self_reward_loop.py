@@ -247,3 +247,65 @@ def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     assert (root / "final" / "config.json").exists()
     r2 = CliRunner().invoke(app, ["self-reward", "--resume", str(root), "--iterations", "3"])
     assert r2.exit_code == 2 and "refused" in r2.output
+
+
+def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir):
+    """``cream.enabled`` and ``temporal.anchor: m1`` on the tiny model judging itself (the
+    expected-score rubric read by probability: every candidate gets a score). Iteration 2 has
+    no previous judge (hard labels, said so); iteration 3 scores its candidates again with M1,
+    and its pairs carry C = (mean Kendall tau + 1) / 2, recomputed here with scipy from the two
+    score files, as DPO's soft label. Every rejected of iteration 3 is one of M1's candidates
+    for that prompt (``anchor_candidates.jsonl``), every chosen one of M2's."""
+    import yaml
+    from scipy.stats import kendalltau
+
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
+    cfg = SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 3,
+        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 8},
+        "data": {"prompts": str(pool), "per_iteration": 4},
+        "candidates": {"n": 3, "chunk": 4, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+        "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 2, "grad_accum": 1, "steps": 2},
+        "cream": {"enabled": True}, "temporal": {"anchor": "m1"},
+        "selection": {"enabled": False}, "eval": {"num_prompts": 2, "rm_metrics": False, "sampling": {"max_new_tokens": 6}},
+        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs")},
+    })
+    s = run(cfg)
+    root = Path(s["run_dir"])
+    assert s["variants"] == {"cream": True, "temporal_anchor": "m1"}
+    _, it2, it3 = s["iterations"]
+    assert it2["cream"]["applied"] is False and it2["cream"]["labels"] == "hard"
+    assert not (root / "iter_2" / "data" / "cream_scores.jsonl").exists()
+    assert not (root / "iter_2" / "data" / "anchor_candidates.jsonl").exists()  # M1 is the current model
+    assert all(p["p"] == 1.0 for p in read_jsonl(root / "iter_2" / "data" / "aift.jsonl"))
+
+    cur = read_jsonl(root / "iter_3" / "data" / "candidates.jsonl")
+    prev = read_jsonl(root / "iter_3" / "data" / "cream_scores.jsonl")
+    taus = []
+    for r, q in zip(cur, prev, strict=True):
+        both = [(a, b) for a, b in zip(r["scores"], q["scores"]) if a is not None and b is not None]
+        t = kendalltau([a for a, _ in both], [b for _, b in both], variant="b").statistic
+        taus.append(t)
+    taus = [t for t in taus if t == t]  # NaN = undefined (one ranking all tied)
+    c = (sum(taus) / len(taus) + 1) / 2
+    cream = it3["cream"]
+    assert cream["applied"] is True and cream["judge"] == "M1" and cream["prompts"] == len(taus)
+    assert cream["C"] == pytest.approx(c, abs=1e-12)
+    assert prev != [{"index": r["index"], "scores": r["scores"]} for r in cur]  # M1 judges differently from M2
+    pairs = read_jsonl(root / "iter_3" / "data" / "aift.jsonl")
+    assert pairs and all(p["p"] == pytest.approx(c, abs=1e-12) for p in pairs)
+    assert yaml.safe_load((root / "iter_3" / "dpo" / "config.yaml").read_text())["loss"]["labels"] == "soft"
+    rows = read_jsonl(root / "metrics.jsonl")  # one row per iteration
+    assert "cream/applied" not in rows[0] and rows[1]["cream/applied"] == 0 and "cream/C" not in rows[1]
+    assert rows[2]["cream/applied"] == 1 and rows[2]["cream/C"] == pytest.approx(c, abs=1e-12)
+    assert rows[2]["cream/tau_mean"] == pytest.approx(2 * c - 1, abs=1e-12)
+
+    anchor = {r["prompt"]: r["responses"] for r in read_jsonl(root / "iter_3" / "data" / "anchor_candidates.jsonl")}
+    own = {r["prompt"]: r["responses"] for r in cur}
+    assert set(anchor) == set(own)
+    for p in pairs:
+        assert p["rejected"] in anchor[p["prompt"]] and p["chosen"] in own[p["prompt"]]
+        assert p["rejected_from"] == "M1"
