@@ -249,6 +249,24 @@ def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     assert r2.exit_code == 2 and "refused" in r2.output
 
 
+def _variants_cfg(tmp_path, tiny_model_dir, name: str, chunk: int) -> SelfRewardConfig:
+    """Three iterations on the tiny model judging itself with both variants on, 4 prompts each."""
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:12]))
+    return SelfRewardConfig.model_validate({
+        "model": {"name": str(tiny_model_dir)}, "iterations": 3,
+        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 8},
+        "data": {"prompts": str(pool), "per_iteration": 4},
+        "candidates": {"n": 3, "chunk": chunk, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
+        "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 2, "grad_accum": 1, "steps": 2},
+        "cream": {"enabled": True}, "temporal": {"anchor": "m1"},
+        "selection": {"enabled": False}, "eval": {"num_prompts": 2, "rm_metrics": False, "sampling": {"max_new_tokens": 6}},
+        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs"), "name": name},
+    })
+
+
 def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir):
     """``cream.enabled`` and ``temporal.anchor: m1`` on the tiny model judging itself (the
     expected-score rubric read by probability: every candidate gets a score). Iteration 2 has
@@ -259,21 +277,7 @@ def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir)
     import yaml
     from scipy.stats import kendalltau
 
-    from pofe.data.prompts import DEFAULT_PROMPTS
-
-    pool = tmp_path / "pool.txt"
-    pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))
-    cfg = SelfRewardConfig.model_validate({
-        "model": {"name": str(tiny_model_dir)}, "iterations": 3,
-        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 8},
-        "data": {"prompts": str(pool), "per_iteration": 4},
-        "candidates": {"n": 3, "chunk": 4, "sampling": {"max_new_tokens": 6, "temperature": 1.0}},
-        "dpo": {"optim": {"lr": 1e-2, "warmup_steps": 0}, "batch_size": 2, "grad_accum": 1, "steps": 2},
-        "cream": {"enabled": True}, "temporal": {"anchor": "m1"},
-        "selection": {"enabled": False}, "eval": {"num_prompts": 2, "rm_metrics": False, "sampling": {"max_new_tokens": 6}},
-        "log": {"progress": False, "tensorboard": False}, "run": {"output_dir": str(tmp_path / "runs")},
-    })
-    s = run(cfg)
+    s = run(_variants_cfg(tmp_path, tiny_model_dir, "r", chunk=4))
     root = Path(s["run_dir"])
     assert s["variants"] == {"cream": True, "temporal_anchor": "m1"}
     _, it2, it3 = s["iterations"]
@@ -309,3 +313,57 @@ def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir)
     for p in pairs:
         assert p["rejected"] in anchor[p["prompt"]] and p["chosen"] in own[p["prompt"]]
         assert p["rejected_from"] == "M1"
+
+
+@pytest.mark.slow
+def test_variants_resume_mid_anchor_candidates_and_after_cream_scores(tmp_path, tiny_model_dir, monkeypatch):
+    """With both variants on, a crash after the first chunk of M1's anchor candidates, then (on
+    the resume) a crash after CREAM's second scoring is written: the second resume ends as the
+    uninterrupted run (the same pairs, soft labels, rows and final weights), the anchor chunk
+    and the previous judge's scores read back rather than redone."""
+    from safetensors.torch import load_file
+
+    from pofe.generation import candidates
+    from pofe.training import self_reward_variants
+
+    ref = run(_variants_cfg(tmp_path, tiny_model_dir, "ref", chunk=2))
+
+    class Crash(RuntimeError):
+        pass
+
+    real_fault, real_consistency, seen = candidates.fault_point, self_reward_variants.consistency, []
+
+    def fault(name):  # iteration 2: candidates 0, 2; iteration 3: candidates 0, 2, then the anchor's 0
+        seen.append(name)
+        if len(seen) == 5:
+            raise Crash()
+        real_fault(name)
+
+    monkeypatch.setattr(candidates, "fault_point", fault)
+    cfg = _variants_cfg(tmp_path, tiny_model_dir, "r", chunk=2)
+    with pytest.raises(Crash):
+        run(cfg)
+    root = tmp_path / "runs" / "r"
+    anchor = root / "iter_3" / "data" / "anchor_candidates.jsonl"
+    first = read_jsonl(anchor)
+    assert [r["index"] for r in first] == [0, 1] and not (root / "iter_3" / "data" / "cream_scores.jsonl").exists()
+    monkeypatch.setattr(candidates, "fault_point", real_fault)
+
+    def crash_once(*a, **k):
+        raise Crash()
+
+    monkeypatch.setattr(self_reward_variants, "consistency", crash_once)
+    with pytest.raises(Crash):
+        run(cfg, resume=root)
+    assert read_jsonl(anchor)[:2] == first and [r["index"] for r in read_jsonl(anchor)] == [0, 1, 2, 3]
+    scores = read_jsonl(root / "iter_3" / "data" / "cream_scores.jsonl")
+    monkeypatch.setattr(self_reward_variants, "consistency", real_consistency)
+    s = run(cfg, resume=root)
+    ref_root = Path(ref["run_dir"])
+    assert read_jsonl(root / "iter_3" / "data" / "cream_scores.jsonl") == scores
+    for f in ("iter_3/data/aift.jsonl", "iter_3/data/anchor_candidates.jsonl", "iter_3/data/cream_scores.jsonl",
+              "iter_2/data/aift.jsonl", "metrics.jsonl"):
+        assert read_jsonl(root / f) == read_jsonl(ref_root / f), f
+    assert s["iterations"][2]["cream"] == ref["iterations"][2]["cream"]
+    w, w_ref = load_file(str(root / "final" / "model.safetensors")), load_file(str(ref_root / "final" / "model.safetensors"))
+    assert w.keys() == w_ref.keys() and all(w[k].equal(w_ref[k]) for k in w)
