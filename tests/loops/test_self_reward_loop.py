@@ -367,3 +367,52 @@ def test_variants_resume_mid_anchor_candidates_and_after_cream_scores(tmp_path, 
     assert s["iterations"][2]["cream"] == ref["iterations"][2]["cream"]
     w, w_ref = load_file(str(root / "final" / "model.safetensors")), load_file(str(ref_root / "final" / "model.safetensors"))
     assert w.keys() == w_ref.keys() and all(w[k].equal(w_ref[k]) for k in w)
+
+
+@pytest.mark.slow
+def test_variants_on_the_embedded_model(tmp_path):
+    """SmolLM2 as policy and judge with CREAM and anchored rejection, three iterations (CREAM
+    needs a previous judge: it applies from iteration 3) on 2 prompts each, 8-token generations.
+    Iteration 3's soft label is C = (mean tau + 1) / 2 recomputed with scipy from the two
+    judges' score files; its rejected responses are SmolLM2-M1's, its chosen M2's.
+
+    Measured (this CPU, about 45 s): iteration 3 tau_mean 0.0 over 2 prompts, C = 0.5, 2 pairs kept
+    (with one DPO step at lr 5e-4 M1 and M2 ranked alike: tau 1, C 1)."""
+    from scipy.stats import kendalltau
+
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:4]))
+    cfg = SelfRewardConfig.model_validate({
+        "iterations": 3,
+        "model": {"lora": {"enabled": True, "r": 4, "alpha": 8}},
+        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 12},
+        "data": {"prompts": str(pool), "per_iteration": 2},
+        "candidates": {"n": 3, "chunk": 2, "sampling": {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9}},
+        "dpo": {"steps": 2, "batch_size": 2, "grad_accum": 1,
+                "optim": {"lr": 1e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
+        "cream": {"enabled": True}, "temporal": {"anchor": "m1"},
+        "selection": {"enabled": False},
+        "eval": {"num_prompts": 1, "rm_metrics": False, "sampling": {"temperature": 0.0, "max_new_tokens": 8}},
+        "log": {"progress": False, "tensorboard": False},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "sr"},
+    })
+    s = run(cfg)
+    root = Path(s["run_dir"])
+    _, it2, it3 = s["iterations"]
+    assert it2["cream"]["applied"] is False and it3["cream"]["applied"] is True
+    cur = read_jsonl(root / "iter_3" / "data" / "candidates.jsonl")
+    prev = read_jsonl(root / "iter_3" / "data" / "cream_scores.jsonl")
+    assert all(x is not None for r in cur + prev for x in r["scores"])  # read by probability: all scored
+    taus = [kendalltau(r["scores"], q["scores"], variant="b").statistic for r, q in zip(cur, prev, strict=True)]
+    taus = [t for t in taus if t == t]
+    c = (sum(taus) / len(taus) + 1) / 2
+    assert it3["cream"]["C"] == pytest.approx(c, abs=1e-12)
+    pairs = read_jsonl(root / "iter_3" / "data" / "aift.jsonl")
+    anchor = {r["prompt"]: r["responses"] for r in read_jsonl(root / "iter_3" / "data" / "anchor_candidates.jsonl")}
+    own = {r["prompt"]: r["responses"] for r in cur}
+    assert it3["pairs"]["kept"] == len(pairs) >= 1, it3["pairs"]
+    for p in pairs:
+        assert p["p"] == pytest.approx(c, abs=1e-12)
+        assert p["rejected"] in anchor[p["prompt"]] and p["chosen"] in own[p["prompt"]]
