@@ -180,12 +180,16 @@ class Command:
     trains_weights: bool = True
     #: summary.json fields that legitimately differ after a resume (besides the run's own)
     summary_drop: tuple[str, ...] = ()
+    #: metrics.jsonl fields that legitimately differ after a resume
+    metrics_drop: tuple[str, ...] = TIMING
 
 
 def _label_rows_drop() -> tuple[str, ...]:
     # A batch cut short by the kill is judged again; its reads come from the judge's cache
-    # then: only where-they-came-from differs (``cached``, the cache counters).
-    return (*TIMING, "cached", "extra.cache_hits", "extra.cache_misses")
+    # then: only where-they-came-from differs (``cached``, the cache counters), and so does what
+    # the judge meter counts (``judge/*``: a cache hit spends no tokens, so the resumed run's
+    # meter holds only what it really spent).
+    return (*TIMING, "cached", "extra.cache_hits", "extra.cache_misses", "judge/*")
 
 
 def _points(steps, *phases: str, checkpoints=()) -> tuple[str, ...]:
@@ -219,7 +223,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             faults=_points((1, 2, 3), "row_1", "row_2", "before_metrics", "after_step", "after_batch", checkpoints=(1, 2, 3)),
             steps=(1, 2, 3), trains_weights=False,
             # a batch cut short is judged again from the cache: hits instead of misses, no tokens spent
-            summary_drop=("cache", "judge_summary.cache_*", "judge_summary.judge_tokens"),
+            summary_drop=("cache", "judge_summary.cache_*", "judge_summary.judge_tokens", "judge_usage"),
+            metrics_drop=(*TIMING, "judge/*"),
             outputs=(Output("pairs.jsonl", "text"), Output("labels.jsonl", drop=_label_rows_drop()),
                      Output("preferences.jsonl", "text"))),
     Command("cai revise", ("cai", "revise"), cai_revise,
