@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pofe.evaluation.stats import kendall_tau_b
+
 
 @dataclass(frozen=True)
 class RankedGroup:
@@ -58,26 +60,6 @@ def _spearman(x: Sequence[float], y: Sequence[float]) -> float:
     rx, ry = _midranks(x), _midranks(y)
     rx, ry = rx - rx.mean(), ry - ry.mean()
     return float((rx * ry).sum() / math.sqrt((rx**2).sum() * (ry**2).sum()))
-
-
-def _kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """tau-b = (C - D) / sqrt((n0 - n1)(n0 - n2)), ties in x (n1) and y (n2) excluded."""
-    c = d = tx = ty = 0
-    for i, j in combinations(range(len(x)), 2):
-        sx = np.sign(x[i] - x[j])
-        sy = np.sign(y[i] - y[j])
-        if sx == 0 and sy == 0:
-            continue
-        if sx == 0:
-            tx += 1
-        elif sy == 0:
-            ty += 1
-        elif sx == sy:
-            c += 1
-        else:
-            d += 1
-    denom = math.sqrt((c + d + tx) * (c + d + ty))
-    return (c - d) / denom if denom else 0.0
 
 
 def rm_metrics(groups: Sequence[RankedGroup], *, max_score: float = 5.0) -> dict[str, Any]:
@@ -125,7 +107,8 @@ def rm_metrics(groups: Sequence[RankedGroup], *, max_score: float = 5.0) -> dict
         else:
             neg = [-r for r in ranks]
             rhos.append(_spearman(scores, neg))
-            taus.append(_kendall_tau_b(scores, neg))
+            tau = kendall_tau_b(scores, neg)
+            taus.append(0.0 if tau is None else tau)  # one list all ties: no ranking information
         top = max(scores)
         if scores.count(top) == 1 and len(set(ranks)) > 1:
             top1_n += 1

@@ -180,3 +180,26 @@ def somers_d(x, y) -> float | None:
     if den == 0:
         return None
     return num / den  # both sums count each unordered pair twice
+
+
+def kendall_tau_b(x, y) -> float | None:
+    """Kendall's tau-b of two score lists over the same items, (C - D) / sqrt((C + D + Tx)(C + D + Ty)):
+    C / D concordant / discordant pairs, Tx / Ty pairs tied in x only / y only, a pair tied in both
+    counted nowhere (scipy's ``kendalltau(variant="b")``). None when undefined (fewer than two
+    items, or every pair tied in one list): callers decide what an undefined rank correlation means."""
+    c = d = tx = ty = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            sx, sy = (x[i] > x[j]) - (x[i] < x[j]), (y[i] > y[j]) - (y[i] < y[j])
+            if sx == 0 and sy == 0:
+                continue
+            if sx == 0:
+                tx += 1
+            elif sy == 0:
+                ty += 1
+            elif sx == sy:
+                c += 1
+            else:
+                d += 1
+    denom = math.sqrt((c + d + tx) * (c + d + ty))
+    return (c - d) / denom if denom else None

@@ -32,6 +32,7 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -380,7 +381,8 @@ class Chain:
         # 4. pairs (best vs worst, or with the configured variants: CREAM, anchored rejection)
         pairs, pair_counts, variants = variant_pairs(
             cfg, rows, t=t, it_dir=it_dir, dp=dp, prev_judge=lambda: self.previous_judge(t),
-            anchor_rows=lambda: rows if t == 2 else self.anchor_candidates(t, prompts, judge))
+            # partial binds the judge now: the name is deleted below, after the pairs are built
+            anchor_rows=(lambda: rows) if t == 2 else partial(self.anchor_candidates, t, prompts, judge))
         aift = it_dir / "data" / "aift.jsonl"
         if dp.main:
             write_jsonl(aift, pairs)

@@ -29,11 +29,11 @@ skipped when present, scoring and generation are split by prompt block (``dp``) 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pofe.config import PofeConfig
+from pofe.evaluation.stats import kendall_tau_b
 from pofe.data.aift import build_pairs
 from pofe.runs import read_jsonl
 from pofe.training.parallel import DataParallel
@@ -59,31 +59,6 @@ class TemporalSettings(PofeConfig):
 
 # ============================================================================ CREAM
 
-def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Kendall tau-b of two score lists over the same items: (C - D) / sqrt((C + D + Tx)(C + D + Ty)),
-    a pair tied in both counted nowhere; ``None`` when undefined (one list all ties, < 2 items)."""
-    c = d = tx = ty = 0
-    for i in range(len(x)):
-        for j in range(i + 1, len(x)):
-            sx, sy = _sign(x[i] - x[j]), _sign(y[i] - y[j])
-            if sx == 0 and sy == 0:
-                continue
-            if sx == 0:
-                tx += 1
-            elif sy == 0:
-                ty += 1
-            elif sx == sy:
-                c += 1
-            else:
-                d += 1
-    denom = math.sqrt((c + d + tx) * (c + d + ty))
-    return (c - d) / denom if denom else None
-
-
-def _sign(v: float) -> int:
-    return (v > 0) - (v < 0)
-
-
 def consistency(current: Sequence[Sequence[float | None]], previous: Sequence[Sequence[float | None]]) -> dict[str, Any]:
     """CREAM's consistency of two judges over the same candidates, one score list per prompt:
     Kendall tau per prompt over the candidates both judges scored, ``tau_mean`` over the prompts
@@ -92,7 +67,7 @@ def consistency(current: Sequence[Sequence[float | None]], previous: Sequence[Se
     taus, undefined = [], 0
     for a, b in zip(current, previous, strict=True):
         both = [(u, v) for u, v in zip(a, b, strict=True) if u is not None and v is not None]
-        tau = kendall_tau([u for u, _ in both], [v for _, v in both]) if len(both) >= 2 else None
+        tau = kendall_tau_b([u for u, _ in both], [v for _, v in both]) if len(both) >= 2 else None
         if tau is None:
             undefined += 1
         else:

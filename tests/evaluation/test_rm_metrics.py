@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from pofe.evaluation.rm_metrics import RankedGroup, _kendall_tau_b, _spearman, rm_metrics
+from pofe.evaluation.rm_metrics import RankedGroup, _spearman, rm_metrics
+from pofe.evaluation.stats import kendall_tau_b
 
 # Human ranks: 0 = best. Scores: judge's, None = unscored.
 A = RankedGroup(ranks=(0, 1, 2), scores=(5, 3, 4))  # pairs: 01 ok, 02 ok, 12 wrong (3 < 4)
@@ -21,13 +22,13 @@ def test_group_a_by_hand():
     # rho = 1 - 6*sum d^2 / (n(n^2-1)) = 1 - 12/24 = 0.5
     assert _spearman([5, 3, 4], [0, -1, -2]) == pytest.approx(0.5)
     # concordant pairs: (0,1), (0,2); discordant: (1,2) -> tau = (2-1)/3
-    assert _kendall_tau_b([5, 3, 4], [0, -1, -2]) == pytest.approx(1 / 3)
+    assert kendall_tau_b([5, 3, 4], [0, -1, -2]) == pytest.approx(1 / 3)
 
 
 def test_kendall_tau_b_with_ties_matches_formula():
     # x = (1,2,2,3), y = (1,2,3,3): pairs: 01 C, 02 C, 03 C, 12 tie x, 13 C, 23 tie y
     # C=4, D=0, tx=1, ty=1 -> 4 / sqrt(5*5) = 0.8
-    assert _kendall_tau_b([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(0.8)
+    assert kendall_tau_b([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(0.8)
     scipy_stats = pytest.importorskip("scipy.stats")
     assert scipy_stats.kendalltau([1, 2, 2, 3], [1, 2, 3, 3]).statistic == pytest.approx(0.8)
 

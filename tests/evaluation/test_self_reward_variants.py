@@ -13,7 +13,8 @@ from pofe.loops.self_reward import SelfRewardConfig
 from pofe.config import ConfigError, load_config
 from pofe.records import Score
 from pofe.runs import read_jsonl
-from pofe.training.self_reward_variants import (build_anchored_pair, build_anchored_pairs, consistency, kendall_tau,
+from pofe.evaluation.stats import kendall_tau_b
+from pofe.training.self_reward_variants import (build_anchored_pair, build_anchored_pairs, consistency,
                                                 variant_pairs)
 
 
@@ -34,20 +35,20 @@ class PlantedJudge:
 
 def test_kendall_tau_hand_computed():
     # one swapped neighbour among 4: 5 concordant, 1 discordant of 6 pairs -> (5 - 1) / 6
-    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(2 / 3)
-    assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(2 / 3)
+    assert kendall_tau_b([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     # a tie in x: C = 2, D = 0, Tx = 1, Ty = 0 -> 2 / sqrt(3 * 2)
-    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
+    assert kendall_tau_b([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
     # undefined: one ranking all ties, or fewer than two items
-    assert kendall_tau([2, 2, 2], [1, 2, 3]) is None
-    assert kendall_tau([1], [1]) is None
+    assert kendall_tau_b([2, 2, 2], [1, 2, 3]) is None
+    assert kendall_tau_b([1], [1]) is None
 
 
 def test_kendall_tau_matches_scipy_tau_b():
     cases = [([4.0, 1.0, 3.0, 3.0, 2.0], [5.0, 2.0, 2.0, 4.0, 1.0]), ([1, 2, 2, 3], [3, 3, 1, 2]),
              ([0.5, 0.1, 0.9], [0.4, 0.2, 0.1])]
     for x, y in cases:
-        assert kendall_tau(x, y) == pytest.approx(kendalltau(x, y, variant="b").statistic)
+        assert kendall_tau_b(x, y) == pytest.approx(kendalltau(x, y, variant="b").statistic)
 
 
 def test_consistency_mean_tau_and_c():
