@@ -599,10 +599,12 @@ TIMING = re.compile(r"^(time_|seconds$)|_time$|per_s$|latency")  # measured dura
 
 
 def _rows(path: Path, drop=("cached",)) -> list[dict]:
-    """A JSONL file's rows without timings and where-it-came-from (a re-done read is a cache hit)."""
+    """A JSONL file's rows without timings and where-it-came-from (a re-done read is a cache hit,
+    which spends no judge tokens, so the ``judge/*`` meter of a resumed run differs too)."""
     from pofe.runs import read_jsonl
 
-    rows = [{k: v for k, v in r.items() if k not in drop and not TIMING.search(k)} for r in read_jsonl(path)] \
+    rows = [{k: v for k, v in r.items() if k not in drop and not TIMING.search(k) and not k.startswith("judge/")}
+            for r in read_jsonl(path)] \
         if path.exists() else []
     for r in rows:
         if isinstance(r.get("extra"), dict):

@@ -93,6 +93,18 @@ def refuse_sharding(command: str, environ=None) -> None:
                               "config): launch it data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
 
 
+def require_launcher(command: str, environ=None) -> None:
+    """Refuse ``WORLD_SIZE > 1`` without the rest of a launcher's environment (``RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``, which torchrun and accelerate launch set): a hand-set
+    WORLD_SIZE would otherwise end in torch.distributed's own error deep inside accelerate."""
+    env = os.environ if environ is None else environ
+    n = env.get("WORLD_SIZE", "1") or "1"
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    if n not in ("1", "0") and missing:
+        raise MultiProcessRefused(f"{command}: WORLD_SIZE={n} is set but {', '.join(missing)} not: start several "
+                                  "processes with torchrun or accelerate launch (README, 'GPUs and scale')")
+
+
 def world_size() -> int:
     try:
         return int(os.environ.get("WORLD_SIZE", "1") or 1)

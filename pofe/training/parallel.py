@@ -31,8 +31,9 @@ def make_accelerator(device: str, *, command: str = "pofe online"):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
-    from pofe.training.guards import refuse_sharding
+    from pofe.training.guards import refuse_sharding, require_launcher
 
+    require_launcher(command)
     refuse_sharding(command)
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     acc = Accelerator(cpu=cpu)

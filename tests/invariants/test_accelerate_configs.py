@@ -100,3 +100,14 @@ def test_every_accelerate_example_is_valid_yaml_for_accelerate():
         cfg = yaml.safe_load(f.read_text())
         assert cfg["distributed_type"] in ("MULTI_GPU", "FSDP"), f
         assert cfg["num_processes"] >= 2 and cfg["num_machines"] == 1, f
+
+
+def test_a_hand_set_world_size_without_a_launcher_is_one_line():
+    from pofe.training.guards import MultiProcessRefused, require_launcher
+
+    require_launcher("pofe sft", {})  # one process
+    require_launcher("pofe sft", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    with pytest.raises(MultiProcessRefused) as e:
+        require_launcher("pofe sft", {"WORLD_SIZE": "2"})
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    assert "WORLD_SIZE=2 is set but RANK, MASTER_ADDR, MASTER_PORT not" in str(e.value)
