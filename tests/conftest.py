@@ -77,3 +77,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def varied_model_dir(tmp_path_factory, tokenizer):
+    """The tiny random model with its matrices redrawn at std 0.2: at the usual 0.02 its greedy
+    answer to every prompt is the same run of newlines, so rows in the wrong order would still
+    compare equal; here different prompts get different greedy answers."""
+    import torch
+
+    from pofe.models import tiny_causal_lm
+
+    model, g = tiny_causal_lm(tokenizer), torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.dim() > 1:
+                w.normal_(0, 0.2, generator=g)
+    d = tmp_path_factory.mktemp("varied-llama")
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d

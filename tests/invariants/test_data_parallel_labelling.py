@@ -39,26 +39,6 @@ RUN_FIELDS = ("seconds", "run_dir", "files", "phase_seconds", "labels_per_second
               "judge_summary.seconds", "processes")
 
 
-@pytest.fixture(scope="module")
-def varied_model_dir(tmp_path_factory, tokenizer):
-    """The tiny random model with its matrices redrawn at std 0.2: at the usual 0.02 its greedy
-    answer to every prompt is the same run of newlines, and rows in the wrong order would still
-    compare equal; here different prompts get different answers."""
-    import torch
-
-    from pofe.models import tiny_causal_lm
-
-    model, g = tiny_causal_lm(tokenizer), torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for w in model.parameters():
-            if w.dim() > 1:
-                w.normal_(0, 0.2, generator=g)
-    d = tmp_path_factory.mktemp("varied-llama")
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
 # prompts that share no wording, so that the varied model answers each differently
 PROMPTS = ["cat", "Tell me about the sea and the mountains.", "12345 67890", "Why?", "Quantum chromodynamics explained",
            "hello world", "A B C D E F G"]

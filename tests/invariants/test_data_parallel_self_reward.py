@@ -31,25 +31,6 @@ CMD = configs.COMMANDS["self-reward"]
 ONE_AT_A_TIME = {"candidates.sampling.batch_size": 1, "eval.sampling.batch_size": 1}
 
 
-@pytest.fixture(scope="module")
-def varied_model_dir(tmp_path_factory, tokenizer):
-    """The tiny random model with its matrices redrawn at std 0.2, so that different prompts get
-    different greedy answers (rows in the wrong order would not compare equal)."""
-    import torch
-
-    from pofe.models import tiny_causal_lm
-
-    model, g = tiny_causal_lm(tokenizer), torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for w in model.parameters():
-            if w.dim() > 1:
-                w.normal_(0, 0.2, generator=g)
-    d = tmp_path_factory.mktemp("varied-llama")
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
 def _ok(*results) -> None:
     for r in results:
         assert r.rc == 0, r.stderr[-3000:]
