@@ -13,8 +13,11 @@ One model is both the policy and its own judge; ``iter_t/`` holds how M_t was ma
   4. pair = highest vs lowest mean score; ties / fewer than two scores dropped and counted
      -> ``data/aift.jsonl`` (:mod:`pofe.data.aift`); optionally (off by default, see
      :mod:`pofe.training.self_reward_variants`) the rejected from the seed model M1's candidates
-     (``temporal.anchor: m1``, Temporal Self-Rewarding) and/or the label softened to CREAM's
-     consistency C between the judgments of M_{t-1} and M_{t-2} (``cream.enabled``);
+     (``temporal.anchor: m1``, Temporal Self-Rewarding; with ``temporal.future`` the chosen from
+     a model DPO-trained one step ahead), Meta-Rewarding's length-controlled actor pairs plus
+     judge pairs from the model's judgments of its own judgments (``meta_judge.enabled``,
+     :mod:`pofe.training.meta_rewarding`), and/or the label softened to CREAM's consistency C
+     between the judgments of M_{t-1} and M_{t-2} (``cream.enabled``);
   5. M_t = DPO on AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1} (beta 0.1, lr 1e-6 cosine to
      1e-7), through ``pofe online``'s offline mode (one DPO trainer);
   6. the DPO checkpoint with the best head-to-head win rate against M_{t-1} on validation
@@ -53,13 +56,14 @@ from pofe.evaluation.self_reward import SelectionSettings
 from pofe.generation import SamplingConfig
 from pofe.generation.candidates import CandidateSettings
 from pofe.generation.self_instruct import SelfInstructConfig
-from pofe.judges.base import Capability, require_capability
+from pofe.judges.base import Capability, has_capability, require_capability
 from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.loops.sft import SFTTrainSettings
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.training import ModelConfig, OptimConfig
 from pofe.training.metrics import iteration_row
+from pofe.training.meta_rewarding import MetaJudgeSettings
 from pofe.training.self_reward_stages import Chain
 from pofe.training.self_reward_variants import CreamSettings, TemporalSettings
 from pofe.training.stages import write_json
@@ -157,7 +161,11 @@ class SelfRewardConfig(PofeConfig):
     """CREAM (Wang et al. 2024): the previous iteration's model judges the same candidates and
     the rankings' consistency C becomes DPO's soft label (from iteration 3)."""
     temporal: TemporalSettings = TemporalSettings()
-    """Temporal Self-Rewarding: anchored rejection (rejected from M1's candidates)."""
+    """Temporal Self-Rewarding: anchored rejection (rejected from M1's candidates) and future-guided
+    chosen (chosen from a model trained one DPO step ahead)."""
+    meta_judge: MetaJudgeSettings = MetaJudgeSettings()
+    """Meta-Rewarding (Wu et al. 2024): the model also judges its own judgments; DPO trains on
+    length-controlled actor pairs and meta-judged judge pairs together."""
     selection: SelectionSettings = SelectionSettings()
     """Checkpoint selection."""
     eval: SelfRewardEvalConfig = SelfRewardEvalConfig()
@@ -179,6 +187,23 @@ class SelfRewardConfig(PofeConfig):
         if getattr(v, "budget", None) is not None:  # nothing here meters the self-judge yet: a budget would be ignored
             raise ValueError("judge.budget is not read by pofe self-reward (its judge is not metered); remove it")
         return v
+
+    @field_validator("meta_judge")
+    @classmethod
+    def _meta_judge_fits(cls, m, info):
+        # a field validator (fields before it are in info.data) so the error names meta_judge alone
+        if not m.enabled:
+            return m
+        temporal, judge_model = info.data.get("temporal"), info.data.get("judge_model")
+        if temporal is not None and temporal.anchor == "m1":  # two rules for the rejected: refuse, never pick one
+            raise ValueError("meta_judge.enabled: Meta-Rewarding's length-controlled actor pairs and temporal.anchor: m1 "
+                             "choose the rejected differently; use one of them")
+        if judge_model == "self":  # the three roles are the policy's own (Wu et al. 2024, Sec. 2)
+            for key, j in (("meta_judge.judge", m.judge), ("meta_judge.meta", m.meta)):
+                if not has_capability(j, Capability.SHARES_WEIGHTS):
+                    raise ValueError(f"{key}: with judge_model: self it must run on the policy's weights "
+                                     f"(kind {j.kind} cannot); use backend transformers or vllm")
+        return m
 
 
 # ============================================================================ the command
@@ -220,6 +245,11 @@ class SelfRewardRecipe(Recipe):
         row.update({f"cream/{k}": cream[k] for k in ("tau_mean", "C") if cream.get(k) is not None})
         if cream:
             row["cream/applied"] = int(cream["applied"])
+        meta = m.get("meta_judge") or {}
+        row.update({f"meta_judge/{k}": meta[k] for k in ("actor_pairs", "judge_pairs", "meta_unreadable") if k in meta})
+        future = (m.get("temporal") or {}).get("future") or {}
+        if future.get("enabled"):
+            row["temporal/replaced_chosen"] = future.get("replaced", 0)
         return row
 
     def after_row(self, step: int) -> None:
@@ -231,7 +261,8 @@ class SelfRewardRecipe(Recipe):
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         return {"iterations": self.chain.iterations, "inputs": self.inp.counts,
-                "variants": {"cream": self.cfg.cream.enabled, "temporal_anchor": self.cfg.temporal.anchor}}
+                "variants": {"cream": self.cfg.cream.enabled, "temporal_anchor": self.cfg.temporal.anchor,
+                             "temporal_future": self.cfg.temporal.future, "meta_judge": self.cfg.meta_judge.enabled}}
 
     def save_final(self, out: Path) -> Path:
         return self.chain.final(out)  # final/ = M_T

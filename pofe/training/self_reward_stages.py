@@ -58,11 +58,12 @@ log = logging.getLogger(__name__)
 
 # ============================================================================ models and judges
 
-def judge_runtime(cfg, model, tok, tag: str) -> dict[str, Any]:
-    """``build_shared_judge`` keywords: an LLM judge runs on ``model`` itself when
-    ``judge_model`` is self (self-rewarding), else on ``judge.model`` as configured."""
-    if cfg.judge_model == "self" and has_capability(cfg.judge, Capability.SHARES_WEIGHTS):
-        return {"model": model, "tokenizer": tok, "judge_id": f"self:{tag}:{cfg.judge.kind}:{cfg.judge.template}"}
+def judge_runtime(cfg, model, tok, tag: str, jcfg=None) -> dict[str, Any]:
+    """``build_shared_judge`` keywords: an LLM judge (``jcfg``, default ``cfg.judge``) runs on
+    ``model`` itself when ``judge_model`` is self (self-rewarding), else on its ``model`` as configured."""
+    jcfg = cfg.judge if jcfg is None else jcfg
+    if cfg.judge_model == "self" and has_capability(jcfg, Capability.SHARES_WEIGHTS):
+        return {"model": model, "tokenizer": tok, "judge_id": f"self:{tag}:{jcfg.kind}:{jcfg.template}"}
     return {}
 
 
@@ -183,19 +184,22 @@ def _make_prompts(cfg, inp: Inputs, policy, tok, machine: list[str], t: int, pat
     return kept, stats
 
 
-def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path, labels: str = "hard"):
+def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path, labels: str = "hard",
+               name: str = "dpo"):
     """Step 5's ``pofe online`` config (offline mode: the one DPO trainer): M_t = DPO on
     AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1}, with ``selection.num_checkpoints``
     evenly spaced checkpoints to select from. ``labels``: soft when the pairs carry CREAM's
-    consistency as their ``p`` (:mod:`pofe.training.self_reward_variants`)."""
+    consistency as their ``p`` (:mod:`pofe.training.self_reward_variants`). ``name``: the run
+    folder under ``it_dir``; ``future`` is Temporal Self-Rewarding's one-step-ahead M_t' (the same
+    DPO settings, its own seed, no checkpoints to select from)."""
     from pofe.loops import online
     from pofe.recipe import CheckpointConfig
 
     d = cfg.dpo
     steps = d.steps if d.steps is not None else max(1, math.ceil(d.epochs * n_pairs / (d.batch_size * d.grad_accum)))
-    k = max(1, cfg.selection.num_checkpoints) if cfg.selection.enabled else 1
+    k = max(1, cfg.selection.num_checkpoints) if cfg.selection.enabled and name == "dpo" else 1
     return online.OnlineConfig(
-        mode="offline", seed=stage_seed(cfg.seed, "dpo", t),
+        mode="offline", seed=stage_seed(cfg.seed, name, t),
         model=ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
                           trust_remote_code=cfg.model.trust_remote_code,
                           gradient_checkpointing=cfg.model.gradient_checkpointing, lora=cfg.model.lora),
@@ -206,19 +210,20 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
         eval=online.EvalSettings(enabled=False),
         checkpoint=CheckpointConfig(every=max(1, math.ceil(steps / k)) if k > 1 else 0, keep_last=0),
         log=LogConfig(tensorboard=False, progress=cfg.log.progress),
-        run=RunConfig(output_dir=str(it_dir), name="dpo"),
+        run=RunConfig(output_dir=str(it_dir), name=name),
     )
 
 
 def dpo_stage(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_dir: Path,
-              dp: DataParallel = DataParallel(), labels: str = "hard") -> dict[str, Any]:
+              dp: DataParallel = DataParallel(), labels: str = "hard", name: str = "dpo") -> dict[str, Any]:
     """Step 5, through ``pofe online`` (data-parallel through its driver); a DPO folder already
     begun resumes from its checkpoints. Returns rank 0's summary (it alone saves ``final/``)."""
     from pofe.loops import online
 
-    dpo_dir = it_dir / "dpo"
+    dpo_dir = it_dir / name
     resume = dpo_dir if dp.from_main((dpo_dir / "config.yaml").exists()) else None
-    return dp.from_main(online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir, labels), resume=resume))
+    return dp.from_main(online.run(dpo_config(cfg, prev_model, aift_path, n_pairs, t, it_dir, labels, name),
+                                   resume=resume))
 
 
 def validation_baseline(cfg, inp: Inputs, model, tok, judge, it_dir: Path,
@@ -382,13 +387,14 @@ class Chain:
         pairs, pair_counts, variants = variant_pairs(
             cfg, rows, t=t, it_dir=it_dir, dp=dp, prev_judge=lambda: self.previous_judge(t),
             # partial binds the judge now: the name is deleted below, after the pairs are built
-            anchor_rows=(lambda: rows) if t == 2 else partial(self.anchor_candidates, t, prompts, judge))
+            anchor_rows=(lambda: rows) if t == 2 else partial(self.anchor_candidates, t, prompts, judge),
+            meta_roles=partial(self.meta_roles, t, model, tok), future=partial(self.future_chosen, t, judge))
         aift = it_dir / "data" / "aift.jsonl"
         if dp.main:
             write_jsonl(aift, pairs)
         dp.wait()  # DPO reads it on every process
         fault_point(f"sr{t}:after_pairs")
-        gen_stats = score_stats(rows, pairs)
+        gen_stats = score_stats(rows, [p for p in pairs if p.get("role") != "judge"])  # one scale: the actor's
         # 5. DPO from M_{t-1} with reference M_{t-1}; 6. checkpoint selection
         sel_judge, prev_val = validation_baseline(cfg, inp, model, tok, judge, it_dir, dp)
         del model
@@ -424,6 +430,41 @@ class Chain:
         own = self.cfg.judge_model == "self" and has_capability(self.cfg.judge, Capability.SHARES_WEIGHTS)
         model, tok = load_stage_model(ref, self.cfg) if own else (None, None)
         return build_shared_judge(self.cfg.judge, **judge_runtime(self.cfg, model, tok, f"M{t - 2}"))
+
+    def meta_roles(self, t: int, model, tok) -> tuple[Any, Any]:
+        """Meta-Rewarding's judge and meta-judge in iteration ``t``: M_{t-1} (``model``) writing
+        judgments and comparing them (with ``judge_model: self``)."""
+        m = self.cfg.meta_judge
+        return (build_shared_judge(m.judge, **judge_runtime(self.cfg, model, tok, f"M{t - 1}", m.judge)),
+                build_shared_judge(m.meta, **judge_runtime(self.cfg, model, tok, f"M{t - 1}", m.meta)))
+
+    def future_chosen(self, t: int, judge, pairs: list[dict]) -> tuple[list[dict], dict[str, Any]]:
+        """Temporal Self-Rewarding's future-guided chosen in iteration ``t``: M_t' = DPO from
+        M_{t-1} on the anchored ``pairs`` (``iter_t/future/``), its N candidates per pair scored by
+        the current ``judge`` (``data/future_candidates.jsonl``), each chosen replaced by the best
+        of them when it scores higher (:func:`pofe.training.self_reward_variants.replace_chosen`)."""
+        from pofe.training.self_reward_variants import replace_chosen
+
+        cfg, it_dir, dp = self.cfg, self.it_dir(t), self.dp
+        if not pairs:
+            return pairs, {"enabled": True, "skipped": "no anchored pairs", "replaced": 0}
+        anchored = it_dir / "data" / "anchored_pairs.jsonl"  # M_t''s training data, as built
+        if dp.main and not anchored.exists():
+            write_jsonl(anchored, pairs)
+        dp.wait()
+        summary = it_dir / "future" / "summary.json"
+        if dp.from_main(summary.exists() and final_complete(it_dir / "future" / "final")):
+            dpo = json.loads(summary.read_text())
+        else:
+            dpo = dpo_stage(cfg, self.prev_model, anchored, len(pairs), t, it_dir, dp, name="future")
+        fault_point(f"sr{t}:after_future_dpo")
+        ahead = load_stage_model(dpo["final_model"], cfg)
+        rows = scored_candidates(it_dir / "data" / "future_candidates.jsonl", [p["prompt"] for p in pairs], *ahead,
+                                 judge, cfg.candidates, seed=lambda start: stage_seed(cfg.seed, "future", t, start), dp=dp)
+        del ahead
+        free()
+        out, counts = replace_chosen(pairs, rows, f"M{t}'")
+        return out, {"enabled": True, "model": f"M{t}'", "dpo_steps": dpo.get("steps"), **counts}
 
     def anchor_candidates(self, t: int, prompts: list[str], judge) -> list[dict]:
         """Anchored rejection's candidate set in iteration ``t`` >= 3: M1's N candidates for this

@@ -10,32 +10,40 @@
   with M_{t-1}, so the previous judge is M_{t-2}: from iteration 3 on. Iteration 2 (the first
   DPO round: M1 has no earlier self-rewarding judge) trains on hard labels and its record says
   so (``cream.applied: false`` with the reason).
-* **Temporal Self-Rewarding** (arXiv 2508.06026), the *anchored rejection* half: the rejected
-  response of each pair is the worst-scored of the seed model M1's candidates for the prompt
-  (``temporal.anchor: m1``), the chosen the best of the current model's, both scored by the
-  current judge. M1 rather than the base model M0: M1 is the first model of pofe's chain that
-  answers instructions (the paper's anchor is the initial *instruction-tuned* policy; with
+* **Temporal Self-Rewarding** (arXiv 2508.06026), two halves. *Anchored rejection*
+  (``temporal.anchor: m1``): the rejected response of each pair is the worst-scored of the seed
+  model M1's candidates for the prompt, the chosen the best of the current model's, both scored
+  by the current judge. M1 rather than the base model M0: M1 is the first model of pofe's chain
+  that answers instructions (the paper's anchor is the initial *instruction-tuned* policy; with
   ``seed_sft.enabled: false`` M1 is ``model.name`` itself, so the two coincide). In iteration 2
   M_{t-1} is M1, so the anchor set is the candidate set itself. A prompt whose anchored
-  rejected scores at least as high as the chosen gives no pair (counted). The *future-guided
-  chosen* half (chosen responses from a model trained one DPO step ahead on the current pairs)
-  is **not implemented**: it needs a second DPO run inside every iteration.
+  rejected scores at least as high as the chosen gives no pair (counted).
+  *Future-guided chosen* (``temporal.future: true``, needs the anchor): a one-step-ahead model
+  M_t' is DPO-trained from M_{t-1} on the anchored pairs (its own folder ``iter_t/future/``),
+  samples N candidates for each pair's prompt (``data/future_candidates.jsonl``), the current
+  judge scores them, and a pair's chosen is replaced by the best of them when it scores higher
+  than the chosen (never by the rejected's text); the iteration's DPO then trains M_t from
+  M_{t-1} on these pairs. The record counts the replaced chosen (``temporal.future``).
+* **Meta-Rewarding** (``meta_judge.enabled``): :mod:`pofe.training.meta_rewarding`.
 
 Every new computation keeps the stage structure of :mod:`pofe.training.self_reward_stages`:
-its output is a file under ``iter_t/data/`` (``cream_scores.jsonl``, ``anchor_candidates.jsonl``)
-skipped when present, scoring and generation are split by prompt block (``dp``) and only rank
+its output is a file under ``iter_t/data/`` (``cream_scores.jsonl``, ``anchor_candidates.jsonl``,
+``future_candidates.jsonl``; M_t' is the DPO run ``iter_t/future/``) skipped when present, scoring and generation are split by prompt block (``dp``) and only rank
 0 writes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
+
+from pydantic import model_validator
 
 from pofe.config import PofeConfig
 from pofe.evaluation.stats import kendall_tau_b
 from pofe.data.aift import build_pairs
 from pofe.runs import read_jsonl
+from pofe.training.meta_rewarding import meta_rewarding_pairs
 from pofe.training.parallel import DataParallel
 from pofe.training.stages import write_jsonl
 
@@ -49,12 +57,22 @@ class CreamSettings(PofeConfig):
 
 
 class TemporalSettings(PofeConfig):
-    """Temporal Self-Rewarding (arXiv 2508.06026): anchored rejection."""
+    """Temporal Self-Rewarding (arXiv 2508.06026): anchored rejection and future-guided chosen."""
 
     anchor: Literal["m1", "none"] = "none"
     """m1: every pair's rejected is the worst-scored of the seed model M1's candidates for the
-    prompt (scored by the current judge); none: best vs worst of the current model's (the paper).
-    The future-guided chosen half is not implemented."""
+    prompt (scored by the current judge); none: best vs worst of the current model's (Self-Rewarding LMs)."""
+    future: bool = False
+    """Future-guided chosen (needs ``anchor: m1``): a model M_t' DPO-trained one step ahead on the anchored
+    pairs samples N candidates per prompt; a pair's chosen becomes the best of them when the current judge
+    scores it higher. Costs a second DPO run and N more candidates per pair in every iteration."""
+
+    @model_validator(mode="after")
+    def _future_needs_anchor(self):
+        if self.future and self.anchor != "m1":
+            raise ValueError("temporal.future: the future-guided chosen replaces the chosen of anchored pairs; "
+                             "set temporal.anchor: m1 too")
+        return self
 
 
 # ============================================================================ CREAM
@@ -142,24 +160,61 @@ def build_anchored_pairs(rows: Sequence[dict], anchor_rows: Sequence[dict]) -> t
     return pairs, counts
 
 
+# ============================================================================ future-guided chosen
+
+def replace_chosen(pairs: Sequence[dict], future_rows: Sequence[dict], source: str) -> tuple[list[dict], dict[str, int]]:
+    """Each pair with its chosen replaced by the best-scored of ``future_rows[i]``'s candidates (the
+    one-step-ahead model's, same prompt, scored by the same judge as the pair) when that scores
+    strictly higher than the chosen and is not the rejected's text; the first among equal best."""
+    counts = {"pairs": len(pairs), "replaced": 0, "kept_chosen": 0, "unscored": 0}
+    out = []
+    for pair, row in zip(pairs, future_rows, strict=True):
+        if pair["prompt"] != row["prompt"]:
+            raise ValueError(f"future candidates out of step at prompt {row.get('index')}")
+        scored = [(i, s) for i, s in enumerate(row["scores"]) if s is not None]
+        if not scored:
+            counts["unscored"] += 1
+            out.append(pair)
+            continue
+        best = max(s for _, s in scored)
+        i = next(i for i, s in scored if s == best)
+        if best > pair["chosen_score"] and row["responses"][i] != pair["rejected"]:
+            counts["replaced"] += 1
+            out.append({**pair, "chosen": row["responses"][i], "chosen_score": best, "chosen_index": i,
+                        "chosen_from": source, "replaced_chosen": pair["chosen"], "replaced_score": pair["chosen_score"]})
+        else:
+            counts["kept_chosen"] += 1
+            out.append(pair)
+    return out, counts
+
+
 # ============================================================================ the stage
 
 def variant_pairs(cfg, rows: Sequence[dict], *, t: int, it_dir: Path, anchor_rows, prev_judge,
-                  dp: DataParallel = DataParallel()) -> tuple[list[dict], dict[str, int], dict[str, Any]]:
+                  dp: DataParallel = DataParallel(), meta_roles: Callable[[], tuple] | None = None,
+                  future: Callable[[list[dict]], tuple[list[dict], dict]] | None = None,
+                  ) -> tuple[list[dict], dict[str, int], dict[str, Any]]:
     """Step 4 with the configured variants: the AIFT pairs, their counts and the variants'
     record. ``anchor_rows()`` gives M1's scored candidates for these prompts (called only with
     ``temporal.anchor: m1``), ``prev_judge()`` the previous iteration's judge or None when
-    there is none (called only with ``cream.enabled``)."""
+    there is none (called only with ``cream.enabled``), ``meta_roles()`` the (judgment writer,
+    meta-judge) of M_{t-1} (only with ``meta_judge.enabled``), ``future(pairs)`` the pairs with
+    future-guided chosen and their record (only with ``temporal.future``)."""
     info: dict[str, Any] = {}
-    if cfg.temporal.anchor == "m1":
+    meta = getattr(cfg, "meta_judge", None)
+    if meta is not None and meta.enabled:
+        pairs, counts, info["meta_judge"] = meta_rewarding_pairs(meta, rows, it_dir, meta_roles, t, dp)
+    elif cfg.temporal.anchor == "m1":
         pairs, counts = build_anchored_pairs(rows, anchor_rows())
-        info["temporal"] = {"anchor": "m1", "future_guided_chosen": "not implemented"}
+        info["temporal"] = {"anchor": "m1", "future": {"enabled": False}}
+        if getattr(cfg.temporal, "future", False):
+            pairs, info["temporal"]["future"] = future(pairs)
     else:
         pairs, counts = build_pairs(rows)
     if cfg.cream.enabled:
         info["cream"] = _cream(rows, it_dir, t, prev_judge, dp)
-        if info["cream"]["applied"]:
-            pairs = soft_labelled(pairs, info["cream"]["C"])
+        if info["cream"]["applied"]:  # the consistency of the actor's ranking: judge pairs keep p = 1
+            pairs = [p if p.get("role") == "judge" else {**p, "p": info["cream"]["C"]} for p in pairs]
     return pairs, counts, info
 
 

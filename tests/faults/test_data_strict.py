@@ -259,6 +259,6 @@ def test_shipped_templates_and_constitutions_still_load():
     from pofe.constitutions import available_constitutions
     from pofe.judges.templates import builtin_templates
 
-    assert len([load_template(n) for n in builtin_templates()]) == len(builtin_templates()) == 8
+    assert len([load_template(n) for n in builtin_templates()]) == len(builtin_templates()) == 9
     assert sorted(load_constitution(n).source for n in available_constitutions()) == [
         "pofe/constitutions/default.yaml", "pofe/constitutions/hhh.yaml"]

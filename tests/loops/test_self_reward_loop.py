@@ -279,7 +279,7 @@ def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir)
 
     s = run(_variants_cfg(tmp_path, tiny_model_dir, "r", chunk=4))
     root = Path(s["run_dir"])
-    assert s["variants"] == {"cream": True, "temporal_anchor": "m1"}
+    assert s["variants"] == {"cream": True, "temporal_anchor": "m1", "temporal_future": False, "meta_judge": False}
     _, it2, it3 = s["iterations"]
     assert it2["cream"]["applied"] is False and it2["cream"]["labels"] == "hard"
     assert not (root / "iter_2" / "data" / "cream_scores.jsonl").exists()
