@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +335,7 @@ class VLLMGenerator:
         self.last_gap: float | None = None
         self.allow_stale = self.settings.sync_every > 1
         self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
+        self.pinned = False  # True after pin(): the engine keeps its weights, the model is let go
         self._synced: tuple | None = None
         lora_rank, self.merge_lora = None, False
         if is_peft(self.model):
@@ -407,6 +408,33 @@ class VLLMGenerator:
             self._synced, self.engine.holds = None, "broken"
             raise
 
+    def completion_logprobs(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[float]:
+        """log p(completion | prompt) summed over the completion's tokens, for each (prompt ids,
+        completion ids), on the weights the engine holds: one prefill batch with ``prompt_logprobs=0``
+        (vLLM returns the log-prob of every given token), no sampling."""
+        from vllm import SamplingParams
+
+        if not seqs:
+            return []
+        self._ensure_current()
+        ids = [list(p) + list(c) for p, c in seqs]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.engine.generate(ids, params)
+        sums = []
+        for (p, c), x, o in zip(seqs, ids, outs):
+            plp = o.prompt_logprobs  # position 0 has none (no context); position t: log p(x[t] | x[:t])
+            sums.append(float(sum(plp[t][x[t]].logprob for t in range(len(p), len(x)))))
+        return sums
+
+    def pin(self) -> None:
+        """Keep the engine on the weights it holds now (syncing first if it never did) and let go of
+        the bound model, whose tensors can then be freed: for a frozen model (pi_0) that nothing
+        updates any more. Full-weight engines only (a LoRA engine's base is the live policy)."""
+        if self.engine.lora:
+            raise EngineSyncError("a LoRA engine reads its adapter from the live model: it cannot be pinned")
+        self._ensure_current()
+        self.pinned, self.model = True, None
+
     def sync_metrics(self) -> dict[str, float]:
         """``sync/logp_gap`` of the last push when ``sampling.sync_check`` is on."""
         return {} if self.last_gap is None else {"sync/logp_gap": self.last_gap}
@@ -416,6 +444,10 @@ class VLLMGenerator:
         eng = self.engine
         if eng.holds == "broken":
             raise EngineSyncError("the vLLM engine's weights are unknown after a failed sync; refusing to sample")
+        if self.pinned:  # the weights it was pinned on; the model they came from is gone
+            if eng.holds != ("full", self._synced):
+                raise EngineSyncError("the vLLM engine pinned on pi_0 was synced with other weights since")
+            return None
         if eng.lora and adapters_disabled(self.model):
             return None  # pi_0 of a LoRA policy = the engine's untouched base weights
         owner = eng.lora_owner if eng.lora else (eng.holds[1] if isinstance(eng.holds, tuple) else None)

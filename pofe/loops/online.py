@@ -44,7 +44,9 @@ from pofe.training.annotator import build_annotator
 from pofe.training.dap import tokenize_pair
 from pofe.training.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
 from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
+from pofe.training.engine_reference import ReferenceSettings, engine_reference, engine_refusal, measure_reference
 from pofe.training.online_pairs import label_annotations, sample_and_annotate
+from pofe.training.online_settings import DataSettings, EvalSettings
 from pofe.training.pair_sources import eval_due, load_data, mode_refusal
 from pofe.training.precision import Precision
 from pofe.training.tracking import LogConfig
@@ -90,39 +92,6 @@ class TrainSettings(PofeConfig):
     """bf16: policy and reference passes under bf16 autocast, fp32 master weights (AMX CPUs, GPUs)."""
 
 
-class DataSettings(PofeConfig):
-    """Training and held-out data."""
-
-    prompts: str | None = None
-    """Prompt-only data (JSONL/TXT/CSV/parquet or a datasets name); None = built-in prompts."""
-    prompt_field: str | None = None
-    """Field holding the prompt (default: the first of prompt/instruction/question/text/input/messages)."""
-    split: str | None = None
-    """Split of a datasets name."""
-    max_prompts: int | None = Field(None, ge=1)
-    """Use at most this many prompts (None = all)."""
-    eval_prompts: str | None = None
-    """Held-out prompts for the win rate; None = split off eval.num_prompts from data.prompts."""
-    preferences: str | None = None
-    """mode=offline: prompt/chosen/rejected[/p] data (a pofe ledger works too)."""
-
-
-class EvalSettings(PofeConfig):
-    """Win rate of the current policy against the initial one on held-out prompts."""
-
-    every: int = Field(0, ge=0)
-    """Win rate vs the initial policy every N steps (0 = only at the end)."""
-    enabled: bool = True
-    """false: no evaluation at all."""
-    num_prompts: int = Field(16, ge=0)
-    """Held-out prompts."""
-    judge: JudgeConfig | None = None
-    """Evaluation judge; None = the training judge. OAIF evaluates with a different model to
-    avoid rewarding the annotator's quirks (Sec. 4.1: Gemini Pro judges, PaLM 2 annotates)."""
-    sampling: SamplingConfig = SamplingConfig(temperature=0.0, max_new_tokens=48)
-    """Greedy by default so that the win rate does not depend on sampling luck."""
-
-
 class OnlineConfig(PofeConfig):
     """``pofe online`` (OAIF Algorithm 1)."""
 
@@ -152,6 +121,9 @@ class OnlineConfig(PofeConfig):
     """Win rate vs the initial policy."""
     diagnostics: DiagnosticsSettings = DiagnosticsSettings()
     """OAIF Appendix B's off-policy gap (``pofe.training.diagnostics``)."""
+    reference: ReferenceSettings = ReferenceSettings()
+    """Where pi_0's log-probs come from: the trainer's frozen copy, or the annotator's vLLM engine
+    (``pofe.training.engine_reference``)."""
     audit: DriftSettings = DriftSettings()
     """Judge drift: the live annotator re-audited every ``audit.every`` steps (``pofe.training.drift``)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -162,9 +134,9 @@ class OnlineConfig(PofeConfig):
     """Where the run folder goes."""
 
     @model_validator(mode="after")
-    def _mode_fits(self) -> "OnlineConfig":
-        if why := mode_refusal(self):  # greedy online samples, async's sampler, what offline cannot do
-            raise ConfigError(why)
+    def _mode_fits(self) -> OnlineConfig:
+        if why := mode_refusal(self) or engine_refusal(self):  # mode: greedy online samples, async's sampler,
+            raise ConfigError(why)                             # what offline cannot do; pi_0 from the annotator
         return self
 
 
@@ -227,6 +199,8 @@ class OnlineRecipe(Recipe):
         self.my_eval = self.eval_prompts[run.rank::run.world] if cfg.eval.enabled else []
         self.initial = initial_responses(self.reference, tok, self.my_eval, sampling=cfg.eval.sampling, seed=cfg.seed)
         reference_to_bf16(cfg, self.reference, self.judges)  # after pi_0's own responses, in its own dtype
+        if cfg.reference.source == "engine":  # after the cast: the engine is synced from the copy as the judge reads it
+            self.reference = engine_reference(self.reference, tok, cfg, self.engine, run.state.get("reference"))
         if run.main and cfg.mode != "offline":
             self.ledger = JsonlWriter(run.dir / "ledger.jsonl")  # after the driver rewound it to the checkpoint
         self.source = make_source(cfg, acc, self.ddp, tok, self.judges, self.items, run.state, ledger=self.ledger,
@@ -251,6 +225,7 @@ class OnlineRecipe(Recipe):
         fault_point(f"{step}:after_judge")
         probe = self.offpolicy.before_update(step, acc.unwrap_model(self.ddp), self.tokenizer, cfg.sampling,
                                              device=acc.device) if self.offpolicy else {}
+        measured = measure_reference(self.reference, sp.pairs, self.run.dp, self.tokenizer, cfg)  # once, engine only
         res, grad_norm = dap_update(acc, self.ddp, self.reference, sp.pairs, optimizer=self.optimizer,  # 4.
                                     loss_fn=self.loss_fn, beta=self.beta, pad_token_id=self.tokenizer.pad_token_id,
                                     cfg=cfg, step=step, times=sp.times)
@@ -258,6 +233,7 @@ class OnlineRecipe(Recipe):
         lr = schedule_step(self.scheduler)
         sp.times["step"] = time.perf_counter() - t0
         row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
+        row.update(measured)
         row.update(self.offpolicy.row(step, probe, sp.pairs, res, acc=acc) if self.offpolicy else {})
         row.update(self.drift.check(step, self.judges.judge, self.judges.ctx, self.run.dp) if self.drift else {})
         if eval_due(cfg, step):
@@ -270,13 +246,15 @@ class OnlineRecipe(Recipe):
         return self.source.stop_after(step) or (self.drift.stop_after(step) if self.drift else None)  # budget, drift
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return self.source.state()  # every process: the label buffers (and judge usage) gathered there
+        ref = {"reference": self.reference.state()} if hasattr(self.reference, "state") else {}
+        return {**self.source.state(), **ref}  # every process: the label buffers (and judge usage) gathered there
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         from pofe.training.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
-        more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history), **self.source.summary(history)}
+        more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history), **self.source.summary(history),
+                "reference": self.reference.summary() if hasattr(self.reference, "summary") else None}
         return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
                 **{k: v for k, v in more.items() if v is not None}}
 

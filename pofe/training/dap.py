@@ -287,8 +287,11 @@ def dap_backward(
             # policy pass slower (1.00 -> 1.29 s; benchmarks/online-notes.md).
             shared = precision == "fp32" or eager
             t0 = time.perf_counter()
-            with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
-                ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)  # pi_0, no grad, (2m,)
+            if getattr(reference, "from_engine", False):  # pi_0 on the annotator's vLLM engine (engine_reference)
+                ref_lp = reference.engine_logps(chunk).to(device)
+            else:
+                with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
+                    ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)  # pi_0, no grad, (2m,)
             t1 = time.perf_counter()
             with autocast(precision, device), attention_for(policy, eager):
                 pol_lp = pair_logps(policy, chunk, pad_token_id, device, shared=shared)  # log pi_theta(y|x), (2m,)

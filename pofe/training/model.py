@@ -139,6 +139,13 @@ class Reference:
                         n += 1
         return n
 
+    def release(self) -> None:
+        """Drop the frozen copy (its log-probs now come from elsewhere:
+        :mod:`pofe.training.engine_reference`); ``model()`` then yields None."""
+        if self.lora:
+            raise ValueError("a LoRA reference is the trained policy itself: there is no copy to release")
+        self._frozen = None
+
     @contextlib.contextmanager
     def model(self) -> Iterator[Any]:
         """Yield a module computing reference outputs (no grad)."""

@@ -1,0 +1,78 @@
+"""``reference.source: engine`` on a real in-process vLLM engine (tiny model, fp32): the engine's
+summed response log-probs equal the trainer's pi_0 pass; an online run measures the gap on step 1,
+switches, frees the frozen copy and trains to the same losses as the trainer's own reference pass;
+a run killed after the switch resumes with the engine and ends on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.generation.conftest import PROMPTS
+
+pytestmark = pytest.mark.usefixtures("vllm_ok")
+
+VLLM = ["sampling.engine=vllm", "sampling.vllm.dtype=float32", "sampling.vllm.max_model_len=768"]
+
+
+def _judge(model_dir):
+    # a longer context than the sampler's: its own engine (identical settings share one, which swaps
+    # pi_0 and the policy every step and so cannot stand in for the reference)
+    return ["judge.kind=vllm", f"judge.model={model_dir}", "judge.vllm.dtype=float32", "judge.vllm.max_model_len=1024",
+            "judge.cache.enabled=false"]
+
+
+def test_engine_completion_logprobs_equal_the_trainer_pass(tiny64_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig
+    from pofe.generation.vllm import generator_for
+    from pofe.training.dap import TokenPair, pair_logps
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
+    gen = generator_for(model, tokenizer, SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 1024}))
+    ids = [tuple(tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
+    pairs = [TokenPair(ids[0], (11, 12, 13), (14,), 1.0, "a"), TokenPair(ids[1], (15, 16), (17, 18, 19, 20), 1.0, "b")]
+    seqs = [(p.prompt_ids, p.chosen_ids) for p in pairs] + [(p.prompt_ids, p.rejected_ids) for p in pairs]
+    eng = torch.tensor(gen.completion_logprobs(seqs))
+    with torch.no_grad():
+        hf = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", shared=False)
+    assert eng.shape == (4,) and torch.allclose(eng, hf, atol=1e-4), (eng, hf)
+    assert float(eng.max()) < -1.0  # real log-probs of random tokens, not zeros
+
+
+def _args(tmp_path, model_dir, name, *more):
+    sets = [f"model.name={model_dir}", "train.steps=4", "train.batch_size=2", "sampling.max_new_tokens=5",
+            "optim.lr=1e-3", "optim.warmup_steps=0", "checkpoint.every=2", "eval.enabled=false", "log.progress=false",
+            "log.tensorboard=false", *VLLM, *_judge(model_dir), f"run.output_dir={tmp_path}", f"run.name={name}", *more]
+    return [a for s in sets for a in ("--set", s)]
+
+
+@pytest.mark.slow
+def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, tiny64_dir):
+    from safetensors.torch import load_file
+
+    from pofe.runs import read_jsonl
+    from tests._cli import pofe
+
+    model = pofe("online", *_args(tmp_path, tiny64_dir, "model"))
+    engine = pofe("online", *_args(tmp_path, tiny64_dir, "engine", "reference.source=engine"))
+    assert model.returncode == 0 and engine.returncode == 0, (model.stderr[-2000:], engine.stderr[-2000:])
+    rm, re_ = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("model", "engine"))
+    assert re_[0]["reference/from_engine"] == 1.0 and re_[0]["reference/engine_gap"] < 1e-4  # fp32 both sides
+    assert all("reference/engine_gap" not in r for r in re_[1:] + rm)  # measured once
+    # from step 1 on (the switch comes before step 1's update) the engine's numbers, equal to float rounding
+    assert [r["loss"] for r in re_] == pytest.approx([r["loss"] for r in rm], abs=1e-4)
+    import json
+
+    s = json.loads((tmp_path / "engine" / "summary.json").read_text())
+    assert s["reference"]["source"] == "engine" and s["reference"]["max_gap"] == 0.02
+
+    crashed = pofe("online", *_args(tmp_path, tiny64_dir, "crash", "reference.source=engine"), POFE_FAULT="3:after_judge")
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    resumed = pofe("online", "--resume", str(tmp_path / "crash"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = (load_file(str(tmp_path / n / "final" / "model.safetensors")) for n in ("engine", "crash"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rc = read_jsonl(tmp_path / "crash" / "metrics.jsonl")
+    assert [r["loss"] for r in rc] == [r["loss"] for r in re_]
