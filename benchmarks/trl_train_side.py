@@ -6,7 +6,9 @@ median seconds per optimiser step (first step excluded) and peak RSS.
 
 Settings matched to pofe's side: full fine-tuning, AdamW, constant lr 1e-5 without warm-up, 8
 rows per step, max_length 512, no gradient checkpointing (TRL's default turns it on, pofe never
-does), no checkpoints, no evaluation, one data-loader process.
+does), no checkpoints, no evaluation, one data-loader process. The rows come in pofe's batch
+order and are read sequentially, so step k holds pofe's step-k rows; the tokens of every step
+(attention-mask sum, and the padded batch size) are counted in ``compute_loss``.
 """
 
 import argparse
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--work", required=True)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--bf16", action="store_true")
     args = ap.parse_args()
 
@@ -44,7 +47,15 @@ def main() -> None:
     rows = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
     model_dir = str(ANCHOR / "smol135")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    times, t0 = [], [0.0]
+    times, t0, tokens = [], [0.0], []
+
+    def counted(cls):
+        class Counted(cls):
+            def compute_loss(self, model, inputs, *a, **kw):
+                if model.training:
+                    tokens.append((int(inputs["attention_mask"].sum()), int(inputs["attention_mask"].numel())))
+                return super().compute_loss(model, inputs, *a, **kw)
+        return Counted
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
@@ -56,14 +67,15 @@ def main() -> None:
     common = dict(output_dir=str(Path(args.work) / f"trl-{args.command}"), per_device_train_batch_size=args.batch,
                   gradient_accumulation_steps=1, max_steps=args.steps, learning_rate=1e-5, lr_scheduler_type="constant",
                   warmup_steps=0, use_cpu=True, bf16=args.bf16, logging_steps=1, save_strategy="no", report_to=[],
-                  max_length=512, gradient_checkpointing=False, dataloader_num_workers=0, seed=0)
+                  max_length=args.max_length, gradient_checkpointing=False, dataloader_num_workers=0, seed=0,
+                  train_sampling_strategy="sequential")
     if args.command == "sft":
         from trl import SFTConfig, SFTTrainer
 
         ds = Dataset.from_list([{"prompt": p if isinstance(p, list) else chat(p, "user"),
                                  "completion": chat(r["completion"], "assistant")} for r in rows for p in [r["prompt"]]])
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-        trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=ds, processing_class=tok,
+        trainer = counted(SFTTrainer)(model=model, args=SFTConfig(**common), train_dataset=ds, processing_class=tok,
                              callbacks=[Timer()])
     else:
         from trl import RewardConfig, RewardTrainer
@@ -73,10 +85,12 @@ def main() -> None:
                                 for r in rows])
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype="float32")
         model.config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        trainer = RewardTrainer(model=model, args=RewardConfig(**common), train_dataset=ds, processing_class=tok,
+        trainer = counted(RewardTrainer)(model=model, args=RewardConfig(**common), train_dataset=ds, processing_class=tok,
                                 callbacks=[Timer()])
     trainer.train()
     print(json.dumps({"seconds_per_step": statistics.median(times[1:]), "steps": len(times),
+                      "tokens_per_step": round(statistics.mean(t[0] for t in tokens[1:])),
+                      "padded_tokens_per_step": round(statistics.mean(t[1] for t in tokens[1:])),
                       "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}))
 
 
