@@ -50,6 +50,7 @@ from pydantic import Field, field_validator
 from pofe.config import PofeConfig
 from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig, RubricJudgeConfig
+from pofe.judges.pointwise import parse_rubric_score
 from pofe.runs import read_jsonl
 from pofe.training.guards import fault_point
 from pofe.training.parallel import DataParallel
@@ -192,20 +193,29 @@ def judge_prompt_of(writer, prompt: str, response: str) -> str:
 
 def judgments_stage(path: Path, rows: Sequence[dict], writer, dp: DataParallel = ONE) -> list[dict]:
     """K judgments of every candidate by ``writer`` (``score().raw`` the texts, ``.samples`` their
-    scores), one row per prompt; read back from ``path`` when there, else made (each process its
+    scores; with a template whose answer starts with a prefix, e.g. "Score: ", the judgment is
+    prefix + text and its score is read from that, as :func:`pofe.judges.pointwise.parse_rubric_score`
+    reads a generated text), one row per prompt; read back from ``path`` when there, else made (each process its
     block of prompts) and written by rank 0."""
     if dp.from_main(path.exists()):
         return dp.from_main(read_jsonl(path) if dp.main else None)
 
+    prefix = writer.template.answer_prefix  # a template may start the answer ("Score: "): part of the judgment
+
+    def judgment(s) -> tuple[list[str], list]:
+        if not prefix:
+            return list(s.raw), list(s.samples)
+        texts = [prefix + t for t in s.raw]
+        return texts, [parse_rubric_score(t, writer.lo, writer.hi) for t in texts]
+
     def block(mine: list[dict]) -> list[dict]:
         flat = [(r["prompt"], y) for r in mine for y in r["responses"]]
-        got = writer.score([x for x, _ in flat], [y for _, y in flat]) if flat else []
+        got = [judgment(s) for s in writer.score([x for x, _ in flat], [y for _, y in flat])] if flat else []
         out, k = [], 0
         for r in mine:
             n = len(r["responses"])
-            out.append({"index": r.get("index"), "prompt": r["prompt"],
-                        "texts": [list(s.raw) for s in got[k:k + n]], "scores": [list(s.samples) for s in got[k:k + n]],
-                        "judge_id": getattr(writer, "id", None)})
+            out.append({"index": r.get("index"), "prompt": r["prompt"], "texts": [t for t, _ in got[k:k + n]],
+                        "scores": [v for _, v in got[k:k + n]], "judge_id": getattr(writer, "id", None)})
             k += n
         return out
 

@@ -242,3 +242,22 @@ def test_v2_config_defaults_off_and_bad_combinations_refused():
     assert ok.temporal.future and ok.cream.enabled
     ok = load_config(SelfRewardConfig, None, ["meta_judge.enabled=true", "judge_model=fixed", "meta_judge.meta.kind=openai"])
     assert ok.meta_judge.meta.kind == "openai"
+
+
+def test_judgments_after_an_answer_prefix_are_read_with_it(tmp_path):
+    """With a template whose answer starts "Score: " (the score-first rubric), a judgment is the
+    prefix plus the generated text and its score is read from that: "4 ..." -> 4, "99 ..." is out
+    of the 0-5 range -> unscored, as the rubric judge reads its own text."""
+    from pathlib import Path
+
+    from pofe.training.meta_rewarding import judgments_stage
+
+    writer = PlantedWriter({"y": [("4\nIt answers.", None), ("99 points", None), ("2.5, partly", None)]})
+    writer.template = load_template(str(Path(__file__).resolve().parents[2] / "examples" / "templates" /
+                                        "rubric-score-first.yaml"))
+    writer.lo, writer.hi = 0.0, 5.0
+    rows = judgments_stage(tmp_path / "j.jsonl", [{"index": 7, "prompt": "x", "responses": ["y"]}], writer)
+    assert rows == [{"index": 7, "prompt": "x", "judge_id": "planted-writer",
+                     "texts": [["Score: 4\nIt answers.", "Score: 99 points", "Score: 2.5, partly"]],
+                     "scores": [[4.0, None, 2.5]]}]
+    assert read_jsonl(tmp_path / "j.jsonl") == rows

@@ -102,6 +102,15 @@ def _cli(cfg_path: Path, *args: str, fault: str | None = None) -> subprocess.Com
                           env=env, capture_output=True, text=True, timeout=900)
 
 
+def _reference(tmp_path: Path, cfg: dict) -> Path:
+    """The uninterrupted run, through the same CLI as the killed one (one process, same settings)."""
+    path = tmp_path / f"{cfg['run']['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = _cli(path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["sr2:after_future_dpo", "candidates:0"])
 def test_future_stages_resume_after_a_kill(tmp_path, tiny_model_dir, fault):
@@ -111,7 +120,7 @@ def test_future_stages_resume_after_a_kill(tmp_path, tiny_model_dir, fault):
     rows, final weights)."""
     from safetensors.torch import load_file
 
-    ref = run(SelfRewardConfig.model_validate(_tiny(tmp_path, tiny_model_dir, "ref", **FUTURE)))
+    ref_root = _reference(tmp_path, _tiny(tmp_path, tiny_model_dir, "ref", **FUTURE))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_tiny(tmp_path, tiny_model_dir, "r", **FUTURE)))
     killed = _cli(path, fault=fault)
@@ -120,7 +129,6 @@ def test_future_stages_resume_after_a_kill(tmp_path, tiny_model_dir, fault):
     assert not (root / "iter_2" / "data" / "aift.jsonl").exists()
     done = _cli(path, "--resume", str(root))
     assert done.returncode == 0, done.stderr[-2000:]
-    ref_root = Path(ref["run_dir"])
     for f in ("iter_2/data/aift.jsonl", "iter_2/data/anchored_pairs.jsonl", "iter_2/data/future_candidates.jsonl"):
         assert read_jsonl(root / f) == read_jsonl(ref_root / f), f
     drop = ("seconds", "run_dir", "model", "wall_s", "time")
@@ -138,7 +146,7 @@ def test_meta_judge_stages_resume_after_a_kill(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
     meta = {"meta_judge": {"enabled": True, "judge": {"rubric": {"samples": 2, "max_new_tokens": 6}}}}
-    ref = run(SelfRewardConfig.model_validate(_tiny(tmp_path, tiny_model_dir, "ref", **meta)))
+    ref_root = _reference(tmp_path, _tiny(tmp_path, tiny_model_dir, "ref", **meta))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_tiny(tmp_path, tiny_model_dir, "r", **meta)))
     killed = _cli(path, fault="sr2:after_judgments")
@@ -150,10 +158,101 @@ def test_meta_judge_stages_resume_after_a_kill(tmp_path, tiny_model_dir):
     done = _cli(path, "--resume", str(root))
     assert done.returncode == 0, done.stderr[-2000:]
     assert judgments.stat().st_mtime_ns == before
-    ref_root = Path(ref["run_dir"])
     for f in ("iter_2/data/aift.jsonl", "iter_2/data/judgments.jsonl", "iter_2/data/meta_judgments.jsonl"):
         assert read_jsonl(root / f) == read_jsonl(ref_root / f), f
     s = json.loads((root / "summary.json").read_text())
+    ref = json.loads((ref_root / "summary.json").read_text())
     assert s["iterations"][1]["meta_judge"] == ref["iterations"][1]["meta_judge"]
     w, w_ref = load_file(str(root / "final" / "model.safetensors")), load_file(str(ref_root / "final" / "model.safetensors"))
     assert w.keys() == w_ref.keys() and all(w[k].equal(w_ref[k]) for k in w)
+
+
+# ----------------------------------------------------------------------------- the embedded model
+
+def _embedded(tmp_path, name: str, iterations: int, prompts: int, **variants) -> SelfRewardConfig:
+    from pofe.data.prompts import DEFAULT_PROMPTS
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("\n".join(DEFAULT_PROMPTS[:prompts * iterations]))
+    return SelfRewardConfig.model_validate({
+        "iterations": iterations,
+        "model": {"lora": {"enabled": True, "r": 4, "alpha": 8}},
+        "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 12},
+        "data": {"prompts": str(pool), "per_iteration": prompts},
+        "candidates": {"n": 3, "chunk": 4, "sampling": {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9}},
+        "dpo": {"steps": 2, "batch_size": 2, "grad_accum": 1,
+                "optim": {"lr": 1e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
+        "selection": {"enabled": False},
+        "eval": {"num_prompts": 1, "rm_metrics": False, "sampling": {"temperature": 0.0, "max_new_tokens": 8}},
+        "log": {"progress": False, "tensorboard": False},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": name},
+        **variants,
+    })
+
+
+@pytest.mark.slow
+def test_meta_judge_on_the_embedded_model(tmp_path):
+    """SmolLM2 as actor, judge and meta-judge, two iterations (M1 -> M2). The judge role writes
+    K = 4 sampled judgments of every candidate with the score-first rubric (its score read after
+    the "Score: " prefix), the meta-judge compares the most uncertain candidate's judgments both
+    orders; at least one judge pair is built and trained on with the actor pairs. Each judge
+    pair is checked against the stage files: its win scores recomputed from the meta-judge's p,
+    chosen the highest, rejected the lowest, their scores different."""
+    cfg = _embedded(tmp_path, "meta", 2, 3, meta_judge={
+        "enabled": True, "length_control": 0.25,
+        "judge": {"template": str(SCORE_FIRST), "batch_size": 12,
+                  "rubric": {"samples": 4, "max_new_tokens": 12, "temperature": 0.7}}})
+    s = run(cfg)
+    root = Path(s["run_dir"])
+    data = root / "iter_2" / "data"
+    m = s["iterations"][1]["meta_judge"]
+    pairs = read_jsonl(data / "aift.jsonl")
+    judge = [p for p in pairs if p["role"] == "judge"]
+    assert m["judge_pairs"] == len(judge) >= 1, m
+    assert m["actor_pairs"] == len(pairs) - len(judge) >= 1, m
+    jrows, mrows = read_jsonl(data / "judgments.jsonl"), read_jsonl(data / "meta_judgments.jsonl")
+    assert m["judgments"] == 3 * 3 * 4 and m["meta_judgments"] == sum(len(r["comparisons"]) for r in mrows) > 0
+    assert m["meta_unreadable"] == sum(c[2] is None for r in mrows for c in r["comparisons"])
+    for p in judge:
+        i = p["provenance"]["prompt_index"] - jrows[0]["index"]
+        r = mrows[i]["response_index"]
+        texts, scores = jrows[i]["texts"][r], jrows[i]["scores"][r]
+        wins = {}
+        for a, b, q in mrows[i]["comparisons"]:
+            if q is not None:
+                wins.setdefault(a, []).append(q)
+                wins.setdefault(b, []).append(1 - q)
+        w = {k: sum(v) / len(v) for k, v in wins.items()}
+        assert texts[p["chosen_index"]] == p["chosen"] and texts[p["rejected_index"]] == p["rejected"]
+        assert w[p["chosen_index"]] == pytest.approx(max(w.values())) and w[p["rejected_index"]] == pytest.approx(min(w.values()))
+        assert scores[p["chosen_index"]] != scores[p["rejected_index"]]
+        assert p["prompt"].startswith("Rate the AI assistant's reply")
+    row = read_jsonl(root / "metrics.jsonl")[1]
+    assert row["meta_judge/judge_pairs"] == len(judge) and s["iterations"][1]["dpo"]["trained_pairs"] >= 1
+
+
+@pytest.mark.slow
+def test_temporal_future_and_cream_on_the_embedded_model(tmp_path):
+    """SmolLM2 with anchored rejection + future-guided chosen + CREAM, three pofe iterations (two
+    DPO rounds; CREAM needs a previous judge, so it applies in iteration 3). Every iteration
+    trains M_t' on its anchored pairs and its aift.jsonl equals the pairs recomputed from the
+    stage files; the chosen replaced by M_t''s better-scored candidates are counted and at
+    least one is replaced over the run; iteration 3 carries CREAM's soft label."""
+    cfg = _embedded(tmp_path, "fut", 3, 3, temporal={"anchor": "m1", "future": True}, cream={"enabled": True})
+    s = run(cfg)
+    root = Path(s["run_dir"])
+    _, it2, it3 = s["iterations"]
+    _check_future(root, it2, 2, "smollm2-135m-instruct")
+    data = root / "iter_3" / "data"
+    anchored, _ = build_anchored_pairs(read_jsonl(data / "candidates.jsonl"), read_jsonl(data / "anchor_candidates.jsonl"))
+    assert read_jsonl(data / "anchored_pairs.jsonl") == anchored
+    want, counts = replace_chosen(anchored, read_jsonl(data / "future_candidates.jsonl"), "M3'")
+    c = it3["cream"]["C"]
+    assert it3["cream"]["applied"] is True and it2["cream"]["applied"] is False
+    assert read_jsonl(data / "aift.jsonl") == [{**p, "p": c} for p in want]
+    assert it3["temporal"]["future"]["replaced"] == counts["replaced"]
+    assert it2["temporal"]["future"]["replaced"] + it3["temporal"]["future"]["replaced"] >= 1
+    rows = read_jsonl(root / "metrics.jsonl")
+    assert [r.get("temporal/replaced_chosen") for r in rows] == [None, it2["temporal"]["future"]["replaced"],
+                                                                 counts["replaced"]]
+    assert rows[2]["cream/applied"] == 1
