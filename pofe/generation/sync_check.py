@@ -59,3 +59,13 @@ def check(gap: float, max_gap: float, where: str) -> float:
                              f"weights after the push (> sampling.sync_check.max_gap={max_gap:g}): it does not hold "
                              "the trained weights")
     return gap
+
+
+def mismatch_kl(diff_sum: float, tokens: float) -> float | None:
+    """``sync/mismatch_kl``: sum over sampled tokens of log p_sampler - log p_trainer, per token (the
+    k1 estimate of KL(sampler || trainer) on the tokens the sampler drew; the sampler's log-probs are
+    its raw ones, temperature 1, as vLLM's ``raw_logprobs``). None without tokens. Near 0 when the
+    engine samples from the trained weights; it grows with a stale or mis-synced engine, or a
+    numerics gap (bf16 engine vs fp32 trainer), the train/inference mismatch that importance
+    corrections in RL target."""
+    return diff_sum / tokens if tokens else None

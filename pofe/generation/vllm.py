@@ -465,7 +465,11 @@ class VLLMGenerator:
             n=1 if greedy else n, temperature=0.0 if greedy else sampling.temperature,
             top_p=1.0 if greedy else sampling.top_p, top_k=0, seed=seed,
             max_tokens=max_tokens or sampling.max_new_tokens, stop_token_ids=self.eos_ids, ignore_eos=False,
-            logprobs=0 if sampling.logprobs else None, detokenize=False)
+            logprobs=0 if self._want_logprobs(sampling) else None, detokenize=False)
+
+    def _want_logprobs(self, sampling: SamplingConfig) -> bool:
+        """Asked for, or needed by ``sync/mismatch_kl`` (``sampling.sync_check``)."""
+        return sampling.logprobs or self.sync_check.enabled
 
     @torch.no_grad()
     def generate(self, prompts, n: int = 1, sampling: SamplingConfig | None = None,
@@ -488,7 +492,7 @@ class VLLMGenerator:
                 c = o.outputs[j if len(o.outputs) > 1 else 0]
                 gen, finished = _cut_at_eos(list(c.token_ids), self.eos_ids, tok.pad_token_id)
                 lp = None
-                if sampling.logprobs and c.logprobs is not None:
+                if self._want_logprobs(sampling) and c.logprobs is not None:
                     lp = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, gen))
                 group.append(Completion(prompt=ptxt, text=tok.decode(gen, skip_special_tokens=True),
                                         token_ids=tuple(gen), prompt_token_ids=p_ids, logprobs=lp, finished=finished))

@@ -507,7 +507,8 @@ class ServerGenerator:
                 "temperature": 0.0 if greedy else sampling.temperature, "top_p": 1.0 if greedy else sampling.top_p,
                 "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                 "seed": seed, "stop_token_ids": self.eos_ids, "ignore_eos": False, "return_token_ids": True,
-                "logprobs": 0 if sampling.logprobs else None, "add_special_tokens": False}
+                "logprobs": 0 if sampling.logprobs or self.sync_check.enabled else None,  # sync/mismatch_kl
+                "add_special_tokens": False}
 
     def _choices(self, server: Server, body: dict, p_ids: tuple[int, ...]) -> list[dict]:
         """The choices of one ``/v1/completions`` request, in index order (a worker thread)."""
@@ -529,7 +530,7 @@ class ServerGenerator:
             c = choices[j if len(choices) > 1 else 0]
             gen, finished = _cut_at_eos(list(c["token_ids"]), self.eos_ids, self.tokenizer.pad_token_id)
             lp = None
-            if sampling.logprobs and c.get("logprobs"):
+            if (sampling.logprobs or self.sync_check.enabled) and c.get("logprobs"):
                 lp = tuple(float(x) for x in c["logprobs"]["token_logprobs"][:len(gen)])
             group.append(Completion(prompt=ptxt, text=self.tokenizer.decode(gen, skip_special_tokens=True),
                                     token_ids=tuple(gen), prompt_token_ids=p_ids, logprobs=lp, finished=finished))

@@ -44,14 +44,18 @@ class TokenPair:
     rejected_ids: tuple[int, ...]
     p: float = 1.0
     pair_id: str = ""
+    sampler_logps: tuple[float, float] | None = None  # the sampling engine's log p(y+|x), log p(y-|x), when it gave them
 
     def to_dict(self) -> dict:
-        return {"prompt_ids": list(self.prompt_ids), "chosen_ids": list(self.chosen_ids),
-                "rejected_ids": list(self.rejected_ids), "p": self.p, "pair_id": self.pair_id}
+        d = {"prompt_ids": list(self.prompt_ids), "chosen_ids": list(self.chosen_ids),
+             "rejected_ids": list(self.rejected_ids), "p": self.p, "pair_id": self.pair_id}
+        return d if self.sampler_logps is None else {**d, "sampler_logps": list(self.sampler_logps)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TokenPair":
-        return cls(tuple(d["prompt_ids"]), tuple(d["chosen_ids"]), tuple(d["rejected_ids"]), float(d["p"]), d["pair_id"])
+        s = d.get("sampler_logps")
+        return cls(tuple(d["prompt_ids"]), tuple(d["chosen_ids"]), tuple(d["rejected_ids"]), float(d["p"]), d["pair_id"],
+                   None if s is None else (float(s[0]), float(s[1])))
 
 
 @dataclass
@@ -75,6 +79,8 @@ class DapResult:
     time_ref: float = 0.0
     time_policy: float = 0.0
     tokens: int = 0  # prompt + response tokens of the pairs (each response with its prompt)
+    mismatch: float = 0.0  # sum over responses with sampler log-probs of log p_sampler - log p_trainer
+    mismatch_tokens: int = 0  # their response tokens
 
 
 def tokenize_pair(tokenizer, pair, eos_id: int, cache: dict, labels: str = "hard") -> TokenPair | None:
@@ -303,6 +309,10 @@ def dap_backward(
             result.tokens += sum(2 * len(pr.prompt_ids) + len(pr.chosen_ids) + len(pr.rejected_ids) for pr in chunk)
             with torch.no_grad():
                 pol_d = pol_lp.detach()
+                for j, pr in enumerate(chunk):  # sync/mismatch_kl's terms (pofe.generation.sync_check.mismatch_kl)
+                    if pr.sampler_logps is not None:
+                        result.mismatch += pr.sampler_logps[0] + pr.sampler_logps[1] - float(pol_d[j] + pol_d[m + j])
+                        result.mismatch_tokens += len(pr.chosen_ids) + len(pr.rejected_ids)
                 logratio = pol_d - ref_lp
                 kl = (logratio[:m] + logratio[m:]) / 2
             for j, pr in enumerate(chunk):

@@ -65,5 +65,10 @@ def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm:
     row.update(engine=engine.name, time_sync=sp.times.get("sync", 0.0), staleness=max(0, sp.staleness),
                engine_syncs=getattr(engine, "syncs", 0), **sp.extra)
     row.update(getattr(engine, "sync_metrics", dict)())  # a served engine's sync/... keys (version, staleness)
+    if getattr(getattr(engine, "sync_check", None), "enabled", False):  # the same on every process: collectives below
+        from pofe.generation.sync_check import mismatch_kl
+
+        row["sync/mismatch_kl"] = mismatch_kl(reduce_sum(acc, res.mismatch if res else 0.0),
+                                              reduce_sum(acc, res.mismatch_tokens if res else 0))
     row.pop("step")  # the driver writes it
     return row

@@ -116,7 +116,8 @@ def label(ann: Annotation, labels: str, policy: LabelPolicy | None = None) -> To
     chosen, rejected, p = orient(ann.a, ann.b, p)
     if labels == "hard":
         p = harden(p)  # 1.0: an exact tie was dropped above
-    return TokenPair(chosen.prompt_token_ids, chosen.token_ids, rejected.token_ids, p, ann.pair_id)
+    lps = None if chosen.logprobs is None or rejected.logprobs is None else (sum(chosen.logprobs), sum(rejected.logprobs))
+    return TokenPair(chosen.prompt_token_ids, chosen.token_ids, rejected.token_ids, p, ann.pair_id, lps)
 
 
 def zero_counts() -> dict[str, int]:

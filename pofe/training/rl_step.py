@@ -60,10 +60,11 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         total = shaped.clone()
     adv = masked_group_advantages(total, valid, k, cfg.algo)
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum, mis = 0.0, [0.0, 0]  # sync/mismatch_kl's sum and tokens
     for s, rlp, m in chunks:
         with cast():
             plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
+        add_mismatch(mis, comps[s:s + mb], (plp.detach() * m).sum(-1))
         loss = pg_loss(plp, m, adv[s:s + mb].to(plp.device), cfg.algo)
         ent[s:s + len(plp)] = (-(plp * m).sum(-1)).detach().cpu()  # TRL's objective/entropy: −Σ_t log π
         if cfg.kl_in == "loss":
@@ -93,6 +94,10 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         "seconds": {"generate": round(t1 - t0, 3), "reward": round(t2 - t1, 3), "update": round(t3 - t2, 3)},
     }
     row.update(shaping_row)
+    if cfg.sampling.sync_check.enabled:  # the same on every process (collectives)
+        from pofe.generation.sync_check import mismatch_kl
+
+        row["sync/mismatch_kl"] = mismatch_kl(dp.sum(mis[0]), dp.sum(mis[1]))
     if mon is not None:
         mv = [v for v in dp.cat(mon) if v is not None]
         row["monitor"] = sum(mv) / len(mv) if mv else None
@@ -155,3 +160,12 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
 def batch_for_step(prompts: Sequence[str], batch_size: int, seed: int, step: int) -> list[str]:
     """The prompts of one step, a function of (seed, step) only: a resumed run sees the same ones."""
     return random.Random(seed * 100003 + step).sample(list(prompts), min(batch_size, len(prompts)))
+
+
+def add_mismatch(acc: list, comps, trainer_sums: torch.Tensor) -> None:
+    """Add the samples' log p_sampler - log p_trainer (summed over each response) and their tokens
+    to ``acc`` = [sum, tokens], for the samples whose engine returned log-probs."""
+    for c, t in zip(comps, trainer_sums.tolist()):
+        if c.logprobs is not None:
+            acc[0] += sum(c.logprobs) - t
+            acc[1] += len(c.logprobs)

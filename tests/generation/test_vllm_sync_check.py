@@ -86,3 +86,39 @@ def test_an_online_run_stops_at_the_step_whose_push_did_not_load(tmp_path, tiny6
         model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
         make_generator(model, tokenizer, SamplingConfig(engine="vllm", vllm={"dtype": "float32",
                                                                              "max_model_len": 1024})).sync()
+
+
+def test_mismatch_kl_is_near_zero_on_fresh_weights_and_grows_on_stale_ones(tmp_path, tiny64_dir):
+    """``sync/mismatch_kl`` (online, full fine-tuning, fp32 engine): with ``sync_every=2`` the engine
+    samples step 2 (and 4) from weights one update old; on the steps sampled right after a push the
+    sampler's log-probs of its tokens equal the trainer's (fp32 both sides), on the stale ones they
+    do not."""
+    from pofe.loops.online import run
+    from pofe.runs import read_jsonl
+    from tests._online_utils import tiny_cfg
+
+    s = run(tiny_cfg(tmp_path, tiny64_dir, "eval.enabled=false", "train.steps=4", "train.batch_size=4", "optim.lr=3e-2",
+                     "sampling.engine=vllm", "sampling.vllm.dtype=float32", "sampling.vllm.max_model_len=1024",
+                     "sampling.vllm.sync_every=2", "sampling.sync_check.enabled=true"))
+    rows = read_jsonl(f"{s['run_dir']}/metrics.jsonl")
+    assert [r["staleness"] for r in rows] == [0, 1, 0, 1]
+    fresh, stale = [abs(r["sync/mismatch_kl"]) for r in rows[0::2]], [abs(r["sync/mismatch_kl"]) for r in rows[1::2]]
+    assert max(fresh) < 1e-4 and min(stale) > 1e-2, (fresh, stale)
+
+
+def test_rl_logs_mismatch_kl_from_the_vllm_samples(tmp_path, tiny64_dir):
+    from pofe.config import load_config
+    from pofe.loops.rl import RLConfig, run
+    from pofe.runs import read_jsonl
+    from tests.generation.conftest import PROMPTS
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    cfg = load_config(RLConfig, None, [
+        f"model.name={tiny64_dir}", f"data.prompts={prompts}", "train.steps=2", "train.batch_size=2", "train.group_size=2",
+        "eval.num_prompts=0", "reward.kind=judge", "reward.judge.kind=length", "sampling.max_new_tokens=5",
+        "sampling.engine=vllm", "sampling.vllm.dtype=float32", "sampling.vllm.max_model_len=1024",
+        "sampling.sync_check.enabled=true", "optim.warmup_steps=0", f"run.output_dir={tmp_path}", "log.progress=false",
+        "log.tensorboard=false"])
+    rows = read_jsonl(f"{run(cfg)['run_dir']}/metrics.jsonl")
+    assert len(rows) == 2 and all(abs(r["sync/mismatch_kl"]) < 1e-4 for r in rows)

@@ -124,3 +124,24 @@ def test_engine_reference_with_the_annotator_as_pi0_parses():
 
     c = load_config(OnlineConfig, None, ["reference.source=engine", "judge.kind=vllm", "reference.max_gap=0.05"])
     assert c.reference.source == "engine" and c.reference.max_gap == 0.05 and c.judge.model == c.model.name
+
+
+def test_mismatch_kl_is_the_per_token_sum_of_sampler_minus_trainer_log_probs():
+    from types import SimpleNamespace
+
+    from pofe.generation.sync_check import mismatch_kl
+    from pofe.training.rl_step import add_mismatch
+
+    acc = [0.0, 0]
+    comps = [SimpleNamespace(logprobs=(-1.0, -2.0)), SimpleNamespace(logprobs=None), SimpleNamespace(logprobs=(-0.5,))]
+    add_mismatch(acc, comps, torch.tensor([-3.5, -9.0, -0.25]))
+    # (-3.0 - -3.5) + (-0.5 - -0.25) = 0.25 over 3 tokens; the sample without log-probs is left out
+    assert acc == [pytest.approx(0.25), 3] and mismatch_kl(*acc) == pytest.approx(0.25 / 3)
+    assert mismatch_kl(0.0, 0) is None
+
+
+def test_token_pairs_keep_the_sampler_log_probs_through_a_checkpoint():
+    p = TokenPair((1,), (2, 3), (4,), 1.0, "x", (-1.5, -0.25))
+    assert TokenPair.from_dict(p.to_dict()) == p
+    q = TokenPair((1,), (2,), (4,), 1.0, "y")
+    assert "sampler_logps" not in q.to_dict() and TokenPair.from_dict(q.to_dict()) == q
