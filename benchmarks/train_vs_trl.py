@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,6 +182,7 @@ def main() -> None:
                       "--work", str(w), *flags])
         show(r, "TRL", t)
         pofe_res.append(p), trl_res.append(t)
+        shutil.rmtree(w, ignore_errors=True)  # a run folder holds the final model (~0.5 GB)
     print(paired_line(f"{args.command}{' bf16' if args.bf16 else ' fp32'}", pofe_res, trl_res))
 
 
