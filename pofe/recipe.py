@@ -85,6 +85,21 @@ class RunContext:
     def wait(self) -> None:
         self.dp.wait()
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over the processes (an FSDP2 launch, :mod:`pofe.training.sharding`)."""
+        return self.dp.sharded
+
+    def shard(self, model):
+        """``model`` sharded over the processes under an FSDP2 launch, else ``model`` itself: called
+        once the model is on its device and before its optimiser is built (sharding replaces the
+        parameters)."""
+        if not self.sharded:
+            return model
+        from pofe.training.sharding import shard_model
+
+        return shard_model(model)
+
 
 class Recipe:
     """A command's part. Subclasses set ``command`` and implement :meth:`setup` and :meth:`step`;
@@ -232,14 +247,30 @@ def _load(run: RunContext, recipe: Recipe) -> None:
     run.start, run.state = int(info["step"]), dict(info["state"])
 
 
+def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
+    """Under sharding, the whole trained weights and optimiser state, gathered on every process (a
+    collective) for rank 0 to write in the one checkpoint format; else nothing (read at save)."""
+    if not run.sharded or recipe.model is None:
+        return {}
+    from pofe.training.sharding import full_model_state, full_optimizer_state
+
+    model = recipe.unwrapped()
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    out: dict[str, Any] = {"model_state": full_model_state(model, names)}
+    if recipe.optimizer is not None:
+        out["optimizer_state"] = full_optimizer_state(model, recipe.optimizer)
+    return out
+
+
 def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
     from pofe.training.checkpoints import prune_checkpoints, save_checkpoint
 
     own = recipe.checkpoint_state()  # every process: a recipe may gather here
+    full = _full_state(run, recipe)
     if run.main:
         state = {**own, "outputs": output_sizes(run.dir, recipe.outputs)}
         save_checkpoint(run.dir / "checkpoints" / f"step-{step}", model=recipe.unwrapped(), optimizer=recipe.optimizer,
-                        scheduler=recipe.scheduler, step=step, state=state)
+                        scheduler=recipe.scheduler, step=step, state=state, **full)
         prune_checkpoints(run.dir, keep_last)
     run.wait()
 
@@ -255,9 +286,11 @@ def _accelerator(recipe: Recipe):
         require_single_process(recipe.command)
         return None
     from pofe.training.parallel import make_accelerator
+    from pofe.training.sharding import refuse_unsupported
 
+    refuse_unsupported(recipe.command, recipe.cfg)  # what a sharded launch cannot run: one line, no model loaded
     model = getattr(recipe.cfg, "model", None)  # labelling commands have no policy: the device is auto
-    return make_accelerator(getattr(model, "device", "auto"), command=f"pofe {recipe.command}")
+    return make_accelerator(getattr(model, "device", "auto"), command=f"pofe {recipe.command}", sharded=True)
 
 
 def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:
@@ -289,11 +322,38 @@ def _processes(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     if run.acc is None:
         return {}
     out: dict[str, Any] = {"processes": run.world}
-    if run.world > 1 and recipe.model is not None:
+    if run.sharded:
+        out["sharding"] = "FSDP2"  # one copy of the weights, split: nothing to compare
+    elif run.world > 1 and recipe.model is not None:
         from pofe.training.parallel import weights_identical
 
         out["weights_identical_across_processes"] = weights_identical(run.acc, recipe.unwrapped())
     return out
+
+
+def _final(run: RunContext, recipe: Recipe, step: int) -> Path | None:
+    """Write ``final/`` (rank 0; a torn one, from a crash while saving, is rewritten from the
+    checkpoint's weights). Under sharding every process first gathers the whole weights into an
+    unsharded copy that rank 0 saves (a collective)."""
+    from pofe.training.checkpoints import final_complete
+
+    plain = None
+    if run.sharded and recipe.model is not None:
+        from pofe.training.sharding import plain_copy
+
+        plain = plain_copy(recipe.unwrapped(), main=run.main)
+    if not run.main:
+        return None
+    final = run.dir / "final"
+    if not (step > run.start or not final_complete(final)):
+        return final
+    if plain is None:
+        return recipe.save_final(final)
+    sharded, recipe.model = recipe.model, plain  # the recipe saves its model its own way (rm: with its reward card)
+    try:
+        return recipe.save_final(final)
+    finally:
+        recipe.model = sharded
 
 
 def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: str | Path | None = None,
@@ -354,10 +414,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
             if stopped is not None:
                 break
         step = max(step, run.start)
-        out = None
-        if run.main and stopped is None:  # a torn final/ (crash while saving) is rewritten from the checkpoint's weights
-            final = run.dir / "final"
-            out = recipe.save_final(final) if step > run.start or not final_complete(final) else final
+        out = _final(run, recipe, step) if stopped is None else None
         run.wait()
     finally:
         if bar is not None:

@@ -144,7 +144,7 @@ class RMRecipe(Recipe):
             self.model, self.tokenizer = load_reward_model(cfg.model)
         else:
             self.model = wrap_reward_model(self.model, cfg.model, pad_token_id=self.tokenizer.pad_token_id)
-        self.model.to(run.acc.device)
+        self.model = run.shard(self.model.to(run.acc.device))  # FSDP2 launch: sharded before the optimiser
         self.dp = run.dp
         # pairs per step = train.batch_size per process, as in every data-parallel trainer
         self.schedule = batch_schedule(len(self.train), cfg.train.batch_size * run.world, cfg.train.epochs, cfg.seed,

@@ -123,7 +123,7 @@ class SFTRecipe(Recipe):
 
         cfg, t, self.dp = self.cfg, self.cfg.train, run.dp
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)
-        self.model.to(run.acc.device)
+        self.model = run.shard(self.model.to(run.acc.device))  # FSDP2 launch: sharded before the optimiser
         self.data, self.dropped = tokenize_examples(self.tokenizer, self.examples, cfg.data.max_length)
         if not self.data:
             raise DataError(f"sft: no usable examples (dropped: {self.dropped})")

@@ -174,22 +174,26 @@ def _trainable_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, step: int,
-                    state: dict[str, Any] | None = None) -> Path:
+                    state: dict[str, Any] | None = None, model_state: dict[str, torch.Tensor] | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint atomically: a temporary directory renamed into place, so a crash
-    mid-write never leaves a checkpoint that resume would trust."""
+    mid-write never leaves a checkpoint that resume would trust. ``model_state`` /
+    ``optimizer_state``: the trainable weights and the optimiser state already gathered whole
+    (a sharded model, :mod:`pofe.training.sharding`), written instead of reading them here."""
     from safetensors.torch import save_file
 
     ckpt_dir = Path(ckpt_dir)
     with _atomic_dir(ckpt_dir) as tmp:
         if model is not None:  # a command without weights (pofe label) checkpoints only its state
-            sd = _trainable_state_dict(model)
+            sd = model_state if model_state is not None else _trainable_state_dict(model)
             check_finite_weights(sd, step=step)  # NaN weights are never checkpointed
             save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
         tensors: dict[str, torch.Tensor] = {}
         extra: dict[str, Any] = {"format": FORMAT, "step": step, "state": state or {},
                                  "rng": _split(rng_state(), "rng", tensors)}
         if optimizer is not None:
-            extra["optimizer"] = _split(optimizer.state_dict(), "optimizer", tensors)
+            osd = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+            extra["optimizer"] = _split(osd, "optimizer", tensors)
         if scheduler is not None:
             extra["scheduler"] = _split(scheduler.state_dict(), "scheduler", tensors)
         json.dumps(extra["state"])  # the loop's own state must be plain JSON (fails loudly here)
@@ -226,8 +230,14 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         missing = set(sd) - set(model.state_dict())
         if missing:
             raise CheckpointError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
+    from pofe.training.sharding import is_sharded, load_full_state
+
+    sharded = is_sharded(model)  # whole tensors from the one format, each process keeping its shard
+    if sharded:
+        load_full_state(model, sd, optimizer, _join(extra["optimizer"], tensors) if "optimizer" in extra else None)
+    elif model is not None:
         model.load_state_dict(sd, strict=False)
-    if optimizer is not None and "optimizer" in extra:
+    if optimizer is not None and "optimizer" in extra and not sharded:
         optimizer.load_state_dict(_join(extra["optimizer"], tensors))
     if scheduler is not None and "scheduler" in extra:
         scheduler.load_state_dict(_join(extra["scheduler"], tensors))

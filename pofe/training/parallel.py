@@ -23,20 +23,30 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 
-def make_accelerator(device: str, *, command: str = "pofe online"):
-    """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there). FSDP and
-    ZeRO-3 are refused (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU
-    accelerate drops them without a word): the loops keep whole parameters on each process, and
-    sampling from a sharded policy would hang rather than fail."""
+def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool = False):
+    """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there),
+    always a plain data-parallel one. A sharded launch (FSDP, ZeRO-3) is refused
+    (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU accelerate drops it
+    without a word) unless ``sharded``: the training commands that shard the model themselves
+    (:mod:`pofe.training.sharding`, which has already refused what cannot run) -- accelerate then
+    does not see the FSDP request, so that it neither drops it on CPU nor wraps the model its way."""
+    import os
+
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
     from pofe.training.guards import refuse_sharding, require_launcher
 
     require_launcher(command)
-    refuse_sharding(command)
+    if not sharded:
+        refuse_sharding(command)
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    acc = Accelerator(cpu=cpu)
+    hidden = os.environ.pop("ACCELERATE_USE_FSDP", None) if sharded else None
+    try:
+        acc = Accelerator(cpu=cpu)
+    finally:
+        if hidden is not None:
+            os.environ["ACCELERATE_USE_FSDP"] = hidden
     ds = getattr(acc.state, "deepspeed_plugin", None)
     if acc.distributed_type == DistributedType.FSDP or (ds is not None and getattr(ds, "zero_stage", 0) == 3):
         raise NotImplementedError(f"{command} samples from the current policy, which needs whole parameters: "
@@ -136,6 +146,15 @@ class DataParallel:
         return self.rank == 0
 
     @property
+    def sharded(self) -> bool:
+        """Whether the trained model is sharded over the processes (FSDP2, :mod:`pofe.training.sharding`):
+        its gradients are reduce-scattered in ``backward``, and every process must run the same
+        number of forward/backward passes."""
+        from pofe.training.sharding import active
+
+        return self.acc is not None and active(self.world)
+
+    @property
     def device(self):
         """The accelerator's device for this process (None with one process and no accelerator)."""
         return None if self.acc is None else self.acc.device
@@ -184,8 +203,9 @@ class DataParallel:
 
     def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sum the gradients over processes (one flat buffer per dtype and device). A parameter
-        without a gradient here (a process whose shard was empty) contributes zeros."""
-        if self.world == 1:
+        without a gradient here (a process whose shard was empty) contributes zeros. Nothing under
+        sharding: FSDP2 has summed them in each ``backward`` (reduce-scatter)."""
+        if self.world == 1 or self.sharded:
             return
         import torch.distributed as dist
 
@@ -203,6 +223,25 @@ class DataParallel:
                 n = p.grad.numel()
                 p.grad.copy_(flat[at:at + n].view_as(p.grad))
                 at += n
+
+    def lockstep(self, model, mine: int, *, pad_token_id: int) -> None:
+        """Under sharding, called before this process's ``mine`` forward/backward passes of the step:
+        zero-weight passes so that it runs as many as the process with the most (every process
+        calls it, before any pass: the count is itself a collective). Without sharding nothing:
+        the gradients are all-reduced once, after the passes."""
+        if not self.sharded:
+            return
+        from pofe.training.sharding import dummy_backward, lockstep_passes
+
+        for _ in range(lockstep_passes(self.acc, mine) - mine):
+            dummy_backward(model, pad_token_id, self.device)
+
+    def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip to ``max_norm``; returns the pre-clip norm of the whole gradient (with sharded
+        gradients, every process's shards together)."""
+        from pofe.training.sharding import clip_grad_norm
+
+        return clip_grad_norm(params, max_norm)
 
     def wait(self) -> None:
         if self.world > 1:

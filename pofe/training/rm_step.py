@@ -38,6 +38,7 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
     optimizer.zero_grad(set_to_none=True)
     r = margin = torch.zeros(0)
     loss_sum = 0.0
+    dp.lockstep(model, int(bool(batch)), pad_token_id=tokenizer.pad_token_id)  # sharded: a zero pass for an empty batch
     if batch:  # an uneven last batch can leave a process nothing; it still joins the all-reduce
         with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
             r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
@@ -50,7 +51,7 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
     dp.all_reduce_grads(model.parameters())
     gn = None
     if cfg.optim.grad_clip:
-        gn = float(torch.nn.utils.clip_grad_norm_([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip))
+        gn = dp.clip_grad_norm([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()

@@ -88,6 +88,7 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
     n_tok = dp.sum(sum(len(x.response_ids) for x in items))  # the whole step's response tokens
     optimizer.zero_grad(set_to_none=True)
     total_nll = 0.0
+    dp.lockstep(model, -(-len(items) // micro_batch), pad_token_id=pad_token_id)  # sharded: as many passes as any process
     for k in range(0, len(items), micro_batch):
         with autocast(precision, next(model.parameters()).device):
             nll, _ = response_nll(model, items[k : k + micro_batch], pad_token_id)
@@ -98,7 +99,7 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
     total_nll = dp.sum(total_nll)
     grad_norm = None
     if grad_clip is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(model), grad_clip))
+        grad_norm = dp.clip_grad_norm(trainable_parameters(model), grad_clip)
     lr = optimizer.param_groups[0]["lr"]
     check_finite(total_nll, step=step, detail=detail)
     optimizer.step()

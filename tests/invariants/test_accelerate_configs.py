@@ -4,9 +4,10 @@
 * ``ddp-cpu.yaml`` starts 2 data-parallel processes that train what ``torchrun
   --nproc_per_node 2`` trains: the same ``final/`` weights (both runs are 2 gloo processes with
   one thread each, so the same sums in the same order) and ``processes: 2`` in the summary.
-* ``fsdp2.yaml`` is refused before any model loads, with one line naming the sharding and exit 2,
-  and leaves no run folder. Without the check accelerate turns FSDP into plain ``MULTI_CPU`` on
-  CPU and the run would train replicated weights while the user believes they are sharded.
+* ``fsdp2.yaml`` trains ``sft`` sharded (pofe shards the model itself: accelerate alone turns FSDP
+  into plain ``MULTI_CPU`` on CPU), the same weights as ``torchrun`` with the variables it
+  exports; ``online`` sampling with transformers ``generate`` is refused before any model loads,
+  with one line naming ``sampling.engine`` and exit 2, and leaves no run folder.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 import configs
-from _cli import REPO, env, error_lines
+from _cli import REPO, env, error_lines, torchrun
 from harness import final_weights, max_abs_diff, run_pofe, summary, weights
 
 ACCEL = REPO / "examples" / "accelerate"
@@ -63,16 +64,32 @@ def test_ddp_cpu_config_trains_what_torchrun_trains(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["sft", "online"])
-def test_fsdp2_config_is_refused_with_one_line_before_any_model_loads(command, tmp_path, tiny_model_dir):
-    fn = {"sft": configs.sft, "online": configs.online}[command]
-    over = {"data.ift": [configs.ift_file(tmp_path, 4)]} if command == "sft" else {}
-    path, run_dir = _write(fn(tmp_path, tiny_model_dir, "fsdp", over))
-    res = _accelerate(ACCEL / "fsdp2.yaml", command, "--config", str(path), timeout=300)
+def test_fsdp2_config_trains_sft_sharded_as_torchrun_does(tmp_path, tiny_model_dir):
+    """``fsdp2.yaml`` shards (it is not dropped on CPU): the same final/ weights as ``torchrun`` with
+    the launcher variables it exports (both 2 gloo processes, one thread each: the same sums)."""
+    over = {"train.steps": 2, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 8)]}
+    path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
+    res = _accelerate(ACCEL / "fsdp2.yaml", "sft", "--config", str(path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref_path, ref_dir = _write(configs.sft(tmp_path, tiny_model_dir, "torchrun", over))
+    ref = torchrun("sft", "--config", str(ref_path), ACCELERATE_USE_FSDP="true", FSDP_VERSION="2")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "FSDP2", s
+    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref_dir)))
+    assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
+
+
+@pytest.mark.slow
+def test_fsdp2_config_refuses_hf_generate_with_one_line_before_any_model_loads(tmp_path, tiny_model_dir):
+    path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "fsdp"))  # sampling.engine: hf (the default)
+    res = _accelerate(ACCEL / "fsdp2.yaml", "online", "--config", str(path), timeout=300)
     assert res.returncode != 0
     errors = [ln for ln in error_lines(res) if ln.startswith("error:")]
     assert errors and all(e == errors[0] for e in errors), res.stderr[-3000:]  # the same one line from each process
-    assert f"pofe {command} does not train sharded parameters (FSDP2" in errors[0], errors[0]
+    assert "pofe online under FSDP2 cannot sample with transformers generate (sampling.engine=hf)" in errors[0], errors
+    assert "set sampling.engine to vllm or vllm-server" in errors[0], errors
+    assert "exit code: 2" in res.stderr or "exitcode  : 2" in res.stderr, res.stderr[-3000:]
     # the launcher prints its own ChildFailedError traceback; pofe's processes print none
     assert not [ln for ln in res.stderr.splitlines() if 'File "' in ln and f"{Path('pofe')}/" in ln], res.stderr[-3000:]
     assert not run_dir.exists()

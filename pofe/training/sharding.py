@@ -1,0 +1,223 @@
+"""Sharded training (FSDP2, torch's ``fully_shard``): parameters, gradients and optimiser state
+split across the processes, so a model whose weights and Adam state outgrow one device still
+trains.
+
+Asked for the way accelerate asks for it: ``accelerate launch --config_file
+examples/accelerate/fsdp2.yaml`` exports ``ACCELERATE_USE_FSDP=true`` and ``FSDP_VERSION=2``; a
+``torchrun`` launch sets the same two variables (:func:`pofe.training.guards.requested_sharding`
+reads them). pofe shards the model itself, on CPU (gloo) and GPU alike, and builds a plain
+data-parallel accelerator: accelerate drops FSDP on CPU without a word, and its own FSDP wrapping
+would divide the gradients by the process count while pofe's losses are already normalised over
+the global batch.
+
+What changes under sharding (everything else is the data-parallel path of
+:class:`pofe.training.parallel.DataParallel`):
+
+* each decoder layer and then the root model is a ``fully_shard`` unit (:func:`shard_model`);
+  gradients are *summed* in the reduce-scatter (divide factor 1), as pofe's own all-reduce sums
+  them, and that all-reduce is skipped;
+* every process runs the same number of forward/backward passes (each pass all-gathers and
+  reduce-scatters): a process with fewer micro-batches runs zero-weight passes
+  (:func:`lockstep_passes`);
+* the gradient norm for clipping is the global one (:func:`clip_grad_norm`);
+* checkpoints, ``final/`` and every weight push gather the full tensors (collectives, every
+  process): the checkpoint is pofe's one format, and a sharded run resumes from it exactly.
+
+Refused with one line (exit 2) before any model loads (:func:`refuse_unsupported`): FSDP1 and
+DeepSpeed ZeRO-3, LoRA, commands that do not train, and sampling from the sharded policy with
+transformers ``generate`` (``sampling.engine=hf``), which would need every process to call
+``generate`` in lockstep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from pofe.training.guards import ShardingRefused, requested_sharding
+
+TRAINED_SHARDED = ("sft", "rm", "online")
+"""Commands that train sharded parameters (the others refuse a sharded launch)."""
+
+
+def active(world: int, environ=None) -> bool:
+    """Whether this launch trains sharded parameters: FSDP2 asked and more than one process
+    (one process has nothing to shard with)."""
+    return requested_sharding(environ) == "FSDP2" and world > 1
+
+
+def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
+    """Raise :class:`ShardingRefused` (one line, exit 2) when the launch asks for sharding that
+    ``command`` with ``cfg`` cannot train; called before any model loads."""
+    kind = requested_sharding(environ)
+    if kind is None:
+        return
+    name = f"pofe {command}"
+    if kind == "FSDP1":
+        raise ShardingRefused(f"{name}: FSDP1 is not supported; use FSDP2 (fsdp_version: 2, "
+                              "examples/accelerate/fsdp2.yaml)")
+    if kind != "FSDP2":
+        raise ShardingRefused(f"{name} does not train with {kind}; use FSDP2 (examples/accelerate/fsdp2.yaml) "
+                              "or launch it data-parallel (examples/accelerate/ddp-gpus.yaml)")
+    if command not in TRAINED_SHARDED:
+        raise ShardingRefused(f"{name} does not train sharded parameters (FSDP2 asked by the launcher): launch it "
+                              "data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
+    model = getattr(cfg, "model", None)
+    if model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False)):
+        raise ShardingRefused(f"{name}: LoRA is not trained sharded (FSDP2); a LoRA adapter is small enough to "
+                              "train data-parallel (examples/accelerate/ddp-gpus.yaml)")
+    samples = command == "online" and getattr(cfg, "mode", "offline") != "offline"
+    if samples:
+        engine = cfg.sampling.engine
+        if engine == "hf":
+            raise ShardingRefused(f"{name} under FSDP2 cannot sample with transformers generate "
+                                  "(sampling.engine=hf): set sampling.engine to vllm or vllm-server")
+        raise ShardingRefused(f"{name} under FSDP2 samples from the policy, which pofe does not yet push from "
+                              f"sharded weights (sampling.engine={engine}); use mode=offline or launch it data-parallel")
+    evaluation = getattr(cfg, "eval", None)
+    if command == "online" and getattr(evaluation, "enabled", False):
+        raise ShardingRefused(f"{name} under FSDP2: eval.enabled samples the sharded policy with transformers "
+                              "generate; set eval.enabled=false")
+
+
+# ----------------------------------------------------------------------------- the model
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of ``model``: modules whose class a transformers model names in
+    ``_no_split_modules`` (the unit accelerate's TRANSFORMER_BASED_WRAP shards), outermost first."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head; tied
+    weights stay one parameter of the root). Gradients are summed over processes, not averaged:
+    each process's loss is already divided by the *global* batch's count."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    layers = decoder_layers(model)
+    if not layers:
+        raise ShardingRefused(f"{type(model).__name__}: no decoder layers found to shard (FSDP2 needs a "
+                              "transformers model naming its blocks in _no_split_modules)")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # factor 1 with SUM only: gloo has no PREMUL_SUM, and a sum is what the loss needs
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model) -> bool:
+    if model is None:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective: every process calls it), else ``t``."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip to ``max_norm`` and return the pre-clip norm of all gradients: with sharded gradients
+    the norm of every process's shards together (torch computes it as a replicated DTensor)."""
+    return float(full_tensor(torch.nn.utils.clip_grad_norm_(list(params), max_norm)))
+
+
+def lockstep_passes(acc, mine: int) -> int:
+    """The number of forward/backward passes every process runs this step: the most any process
+    has (a collective). Under FSDP2 each pass all-gathers and reduce-scatters, so a process that
+    stopped early would leave the others waiting."""
+    if acc is None or acc.num_processes == 1:
+        return mine
+    import torch.distributed as dist
+
+    t = torch.tensor([mine], dtype=torch.long, device=acc.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def dummy_backward(model, pad_token_id: int, device) -> None:
+    """A forward/backward contributing exactly zero gradient that joins the collectives of one
+    pass (``logits.sum() * 0``: every parameter on the path gets a zero gradient)."""
+    ids = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    (logits.float().sum() * 0.0).backward()
+
+
+# ----------------------------------------------------------------------------- full state
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model, names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The whole weights on CPU (those in ``names`` when given), on every process: a collective
+    (each parameter is all-gathered once)."""
+    sd: dict[str, torch.Tensor] = {}
+    for k, v in model.state_dict().items():
+        if names is None or k in names:
+            sd[k] = full_tensor(v).detach().cpu().clone()
+    return sd
+
+
+def plain_copy(model, *, main: bool):
+    """An unsharded copy of ``model`` holding its whole weights on rank 0 (``main``), for
+    ``final/`` (saved by the recipe's own ``save_final``); None on the other processes. Every
+    process gathers (a collective). The copy is a new instance of the model's own class from its
+    config, in the weights' dtype, with its generation config."""
+    from torch.distributed.fsdp import FSDPModule
+
+    full = full_model_state(model)
+    if not main:
+        return None
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    dtype = next((v.dtype for v in full.values() if v.is_floating_point()), torch.float32)
+    plain = cls(model.config).to(dtype)
+    plain.load_state_dict(full, strict=True)
+    if getattr(model, "generation_config", None) is not None:
+        plain.generation_config = model.generation_config
+    plain.eval()
+    return plain
+
+
+def _fqns(model, optimizer) -> list[str]:
+    """The parameter names in the optimiser's index order (the keys of ``optimizer.state_dict()``)."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_optimizer_state(model, optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` as one process would hold it unsharded (whole moment tensors,
+    parameters by index): pofe's one checkpoint format, whatever the launch. A collective."""
+    sd = optimizer.state_dict()
+    state = {i: {k: full_tensor(v).detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for i, s in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def load_full_state(model, sd: dict[str, torch.Tensor] | None, optimizer=None, osd: dict[str, Any] | None = None) -> None:
+    """Load whole weights (and an optimiser state in :func:`full_optimizer_state`'s format) into
+    the sharded ``model`` / ``optimizer``: each process keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    if sd:
+        set_model_state_dict(model, sd, options=_options(strict=False))
+    if optimizer is not None and osd is not None:
+        names = _fqns(model, optimizer)
+        state = {names[int(i)]: s for i, s in osd["state"].items()}
+        groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]]
+        set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=_options())
+

@@ -1,0 +1,138 @@
+"""Sharded training (FSDP2, :mod:`pofe.training.sharding`) on CPU processes (torchrun, gloo), asked
+the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks for it
+(``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``):
+
+* ``sft`` and ``rm`` on 2 sharded processes with ``train.batch_size`` B each equal 1 process with
+  2B (the same global batch): ``final/`` weights to ``ATOL`` (= lr/10, as for data parallel),
+  step 1's loss and gradient norm to 1e-5 relative, later steps to 1e-3 (the tolerances of
+  ``test_data_parallel.py``, which explains them). rm's last step of each epoch holds one pair,
+  so one process has nothing to train and must still run its (zero-weight) passes, or the
+  other's all-gathers wait forever.
+* the checkpoint is pofe's one format (the same tensor names as the one-process run's), and a
+  SIGKILLed sharded run resumed sharded ends bit-identical to the uninterrupted sharded run.
+* what a sharded launch cannot train is refused with one line before any model loads
+  (:func:`pofe.training.sharding.refuse_unsupported`).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+import configs
+from _cli import torchrun
+from harness import Result, final_weights, max_abs_diff, rows, run_pofe, same_weights, summary, weights
+
+FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+LR = 1e-3
+ATOL = LR / 10
+RTOL, RTOL_LATER = 1e-5, 1e-3
+
+EQUAL = {
+    "sft": (configs.sft, {"train.steps": 3}, 4, 2),
+    "rm": (configs.rm, {}, 4, 2),
+}
+
+
+def sharded(argv, *, config: dict | None = None, resume: Path | None = None, fault: str | None = None,
+            timeout: float = 300) -> Result:
+    """``pofe`` on 2 torchrun processes with FSDP2 asked (what the accelerate config exports)."""
+    extra = dict(FSDP2, **({"POFE_FAULT": fault} if fault else {}))
+    if config is not None:
+        run_dir = Path(config["run"]["output_dir"]) / config["run"]["name"]
+        path = run_dir.parent / f"{run_dir.name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        args = [*argv, "--config", str(path)]
+    else:
+        run_dir, args = Path(resume), [*argv, "--resume", str(resume)]
+    p = torchrun(*args, nproc=2, timeout=timeout, **extra)
+    return Result(p.returncode, p.stdout, p.stderr, run_dir)
+
+
+def _over(command: str, work: Path) -> dict:
+    return {"optim.lr": LR, **({"data.ift": [configs.ift_file(work, 12)]} if command == "sft" else {})}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(EQUAL))
+def test_two_sharded_processes_equal_one_with_the_same_global_batch(command, tmp_path, tiny_model_dir):
+    fn, common, b1, b2 = EQUAL[command]
+    over = {**common, **_over(command, tmp_path)}
+    argv = configs.COMMANDS[command].argv
+    with ThreadPoolExecutor(2) as pool:
+        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": b1}))
+        f2 = pool.submit(sharded, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": b2}))
+        one, two = f1.result(), f2.result()
+    assert one.rc == 0, one.stderr[-3000:]
+    assert two.rc == 0, two.stderr[-3000:]
+    s = summary(two.run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "FSDP2", s
+    assert "weights_identical_across_processes" not in s  # one split copy: nothing to compare
+    wa, wb = weights(final_weights(one.run_dir)), weights(final_weights(two.run_dir))
+    assert max_abs_diff(wa, wb) <= ATOL
+    base = weights(Path(tiny_model_dir) / "model.safetensors")  # rm's final/ adds a score head
+    assert max_abs_diff({k: wa[k] for k in base if k in wa}, {k: base[k] for k in base if k in wa}) > 1e-4  # it trained
+    a, b = rows(one.run_dir / "metrics.jsonl", configs.TIMING), rows(two.run_dir / "metrics.jsonl", configs.TIMING)
+    assert [r["step"] for r in a] == [r["step"] for r in b] and len(a) >= 3
+    for ra, rb in zip(a, b):
+        rel = RTOL if ra["step"] == 1 else RTOL_LATER
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=rel), (ra["step"], ra["loss"], rb["loss"])
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=rel), (ra["step"], ra["grad_norm"], rb["grad_norm"])
+    # one checkpoint format: the sharded run's last checkpoint holds the same tensors as the one-process run's
+    step = a[-1]["step"]
+    for f in ("model.safetensors", "trainer_state.safetensors"):
+        x, y = (weights(r / "checkpoints" / f"step-{step}" / f) for r in (one.run_dir, two.run_dir))
+        assert x.keys() == y.keys() and all(x[k].shape == y[k].shape for k in x), f
+
+
+@pytest.mark.slow
+def test_sharded_sigkill_then_resume_equals_the_uninterrupted_sharded_run(tmp_path, tiny_model_dir):
+    over = _over("sft", tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        f_full = pool.submit(sharded, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "full", over))
+        f_crash = pool.submit(sharded, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "crash", over),
+                              fault="3:after_step")
+        full, crash = f_full.result(), f_crash.result()
+    assert full.rc == 0, full.stderr[-3000:]
+    assert crash.rc != 0 and not (crash.run_dir / "summary.json").exists(), crash.stderr[-3000:]
+    resumed = sharded(("sft",), resume=crash.run_dir)
+    assert resumed.rc == 0, resumed.stderr[-3000:]
+    assert rows(crash.run_dir / "metrics.jsonl", configs.TIMING) == rows(full.run_dir / "metrics.jsonl", configs.TIMING)
+    ident, diff = same_weights(final_weights(crash.run_dir), final_weights(full.run_dir))
+    assert ident, f"final/ weights differ after a sharded resume (max |diff| {diff:.3g})"
+    s = summary(crash.run_dir)
+    assert s["resumed_from"] == 2 and s["sharding"] == "FSDP2"
+
+
+# ----------------------------------------------------------------------------- refusals (no processes)
+
+def _refusal(command: str, cfg, environ=FSDP2) -> str:
+    from pofe.training.guards import ShardingRefused
+    from pofe.training.sharding import refuse_unsupported
+
+    with pytest.raises(ShardingRefused) as e:
+        refuse_unsupported(command, cfg, environ)
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_what_a_sharded_launch_cannot_train_is_one_line():
+    from pofe.loops.online import OnlineConfig
+    from pofe.loops.rl import RLConfig
+    from pofe.loops.sft import SFTConfig
+    from pofe.training.sharding import refuse_unsupported
+
+    refuse_unsupported("sft", SFTConfig(), FSDP2)  # trains sharded
+    refuse_unsupported("online", OnlineConfig(mode="offline", eval={"enabled": False}), FSDP2)
+    refuse_unsupported("rl", RLConfig(), {})  # nothing asked
+    hf = _refusal("online", OnlineConfig())
+    assert "sampling.engine=hf" in hf and "set sampling.engine to vllm or vllm-server" in hf, hf
+    assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
+    zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
+    assert "LoRA is not trained sharded" in _refusal("sft", SFTConfig(model={"lora": {"enabled": True}}))
+    assert "eval.enabled" in _refusal("online", OnlineConfig(mode="offline"))
+    assert "pofe label does not train sharded parameters" in _refusal("label", None)
