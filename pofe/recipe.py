@@ -90,15 +90,15 @@ class RunContext:
         """Whether the model is sharded over the processes (an FSDP2 launch, :mod:`pofe.training.sharding`)."""
         return self.dp.sharded
 
-    def shard(self, model):
+    def shard(self, model, *, mean: bool = False):
         """``model`` sharded over the processes under an FSDP2 launch, else ``model`` itself: called
         once the model is on its device and before its optimiser is built (sharding replaces the
-        parameters)."""
+        parameters). Gradients are summed over processes (``mean``: averaged, as DDP does)."""
         if not self.sharded:
             return model
         from pofe.training.sharding import shard_model
 
-        return shard_model(model)
+        return shard_model(model, mean=mean)
 
 
 class Recipe:

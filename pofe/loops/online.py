@@ -177,6 +177,7 @@ class OnlineRecipe(Recipe):
         self.model.to(run.acc.device)
         self.model.train()
         self.reference = Reference(self.model, lora=cfg.model.lora.enabled)  # pi_0, before any update or resume
+        self.model = run.shard(self.model, mean=True)  # FSDP2: after pi_0's copy; gradients averaged as by DDP
         self.optimizer = make_optimizer(self.model, cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.total_steps = cfg.train.steps
@@ -192,7 +193,7 @@ class OnlineRecipe(Recipe):
         from pofe.training.pair_sources import make_source
 
         cfg, acc, tok = self.cfg, run.acc, self.tokenizer
-        self.ddp, self.optimizer = acc.prepare(self.model, self.optimizer)
+        self.ddp, self.optimizer = (self.model, self.optimizer) if run.sharded else acc.prepare(self.model, self.optimizer)
         self.engine = make_generator(self.model, tok, cfg.sampling)
         judge, eval_judge = self.judges
         self.judges = build_judges(cfg, self.reference, tok, judge=judge, eval_judge=eval_judge, check=self._audited)

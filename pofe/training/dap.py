@@ -166,8 +166,9 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     run right-padded on top of it. Gradients reach the prompt positions through the cache. On the
     bar benchmark's 4 pairs this is ~25% fewer tokens per pass (benchmarks/online-notes.md).
 
-    Returns None, and callers use the joint batch, when the model is DDP-wrapped (one forward per
-    backward keeps DDP's gradient hooks simple), when it trains with gradient checkpointing (HF
+    Returns None, and callers use the joint batch, when the model is DDP-wrapped or sharded in
+    training (one forward per backward keeps DDP's gradient hooks simple; FSDP2's processes must
+    run the same forwards, and this pass runs one or two), when it trains with gradient checkpointing (HF
     turns the cache off), or when its forward returns no plain per-layer KV cache (sliding-window
     or hybrid caches; found on the first call, remembered for the model after it).
     """
@@ -176,6 +177,8 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     base = hf_model(model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
             or (model.training and _checkpointing(base)):  # HF then turns the cache off
+        return None
+    if _sharded(model):  # FSDP2: one forward per pass on every process, whatever W is
         return None
     m = len(pairs)
     prompts = build_batch([p.prompt_ids for p in pairs], [()] * m, pad_token_id=pad_token_id, padding_side="left")
@@ -206,6 +209,12 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     del logits, cache
     tok = torch.cat([first.unsqueeze(1), rest], dim=1)
     return (tok * cmask.to(tok.dtype)).sum(-1)
+
+
+def _sharded(model) -> bool:
+    from pofe.training.sharding import is_sharded
+
+    return is_sharded(model)
 
 
 def _checkpointing(base) -> bool:

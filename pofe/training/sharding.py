@@ -76,6 +76,9 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
                                   "(sampling.engine=hf): set sampling.engine to vllm or vllm-server")
         raise ShardingRefused(f"{name} under FSDP2 samples from the policy, which pofe does not yet push from "
                               f"sharded weights (sampling.engine={engine}); use mode=offline or launch it data-parallel")
+    if getattr(getattr(cfg, "diagnostics", None), "offpolicy", False):
+        raise ShardingRefused(f"{name} under FSDP2: diagnostics.offpolicy scores each process's own pairs with the "
+                              "sharded policy out of step with the others; set diagnostics.offpolicy=false")
     evaluation = getattr(cfg, "eval", None)
     if command == "online" and getattr(evaluation, "enabled", False):
         raise ShardingRefused(f"{name} under FSDP2: eval.enabled samples the sharded policy with transformers "
@@ -93,10 +96,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, *, mean: bool = False) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head; tied
-    weights stay one parameter of the root). Gradients are summed over processes, not averaged:
-    each process's loss is already divided by the *global* batch's count."""
+    weights stay one parameter of the root). Gradients are summed over processes, as pofe's own
+    all-reduce sums them when each process's loss is divided by the *global* batch's count
+    (sft, rm); ``mean``: averaged, as DDP's all-reduce averages them (``pofe online``, whose loss
+    is divided by the pairs per process)."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     layers = decoder_layers(model)
@@ -108,8 +114,8 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     fully_shard(model)
     for m in model.modules():
         if isinstance(m, FSDPModule):
-            # factor 1 with SUM only: gloo has no PREMUL_SUM, and a sum is what the loss needs
-            m.set_gradient_divide_factor(1.0)
+            # a SUM then a division (gloo has neither PREMUL_SUM nor AVG)
+            m.set_gradient_divide_factor(float(dist.get_world_size()) if mean else 1.0)
             m.set_force_sum_reduction_for_comms(True)
     return model
 
@@ -119,7 +125,7 @@ def is_sharded(model) -> bool:
         return False
     from torch.distributed.fsdp import FSDPModule
 
-    return any(isinstance(m, FSDPModule) for m in model.modules())
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

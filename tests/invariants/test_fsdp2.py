@@ -2,7 +2,7 @@
 the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks for it
 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``):
 
-* ``sft`` and ``rm`` on 2 sharded processes with ``train.batch_size`` B each equal 1 process with
+* ``sft``, ``rm`` and ``online`` mode=offline on 2 sharded processes with ``train.batch_size`` B each equal 1 process with
   2B (the same global batch): ``final/`` weights to ``ATOL`` (= lr/10, as for data parallel),
   step 1's loss and gradient norm to 1e-5 relative, later steps to 1e-3 (the tolerances of
   ``test_data_parallel.py``, which explains them). rm's last step of each epoch holds one pair,
@@ -16,6 +16,7 @@ the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks 
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +35,9 @@ RTOL, RTOL_LATER = 1e-5, 1e-3
 EQUAL = {
     "sft": (configs.sft, {"train.steps": 3}, 4, 2),
     "rm": (configs.rm, {}, 4, 2),
+    # DAP on a fixed preference file; pi_0 a whole frozen copy on each process; 2 micro-batches a step
+    "online": (configs.online, {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2,
+                                "optim.warmup_steps": 0}, 4, 2),
 }
 
 
@@ -52,8 +56,17 @@ def sharded(argv, *, config: dict | None = None, resume: Path | None = None, fau
     return Result(p.returncode, p.stdout, p.stderr, run_dir)
 
 
+def _preferences(work: Path) -> str:
+    path = work / "prefs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"question {i}?", "chosen": "ok " * (i % 3 + 1),
+                                        "rejected": "no, " * (i % 4 + 2)}) + "\n" for i in range(16)))
+    return str(path)
+
+
 def _over(command: str, work: Path) -> dict:
-    return {"optim.lr": LR, **({"data.ift": [configs.ift_file(work, 12)]} if command == "sft" else {})}
+    data = {"sft": lambda: {"data.ift": [configs.ift_file(work, 12)]}, "rm": dict,
+            "online": lambda: {"data.preferences": _preferences(work)}}[command]()
+    return {"optim.lr": LR, **data}
 
 
 @pytest.mark.slow
