@@ -87,9 +87,16 @@ def _unwrap(model):
     return getattr(model, "module", model) if not hasattr(model, "generate") else model
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (FSDP2) parameter's whole tensor, all-gathered: a collective, so every process
+    pushes at the same time, each to its own engine; a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) in Hugging Face checkpoint naming. A PEFT model gives its *base*
-    weights (``base_layer`` renamed back, adapter tensors dropped)."""
+    weights (``base_layer`` renamed back, adapter tensors dropped). A sharded model's tensors are
+    gathered whole (:func:`_whole`)."""
     if is_peft(model):
         out = []
         for k, v in model.get_base_model().state_dict().items():
@@ -97,7 +104,7 @@ def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
                 continue
             out.append((k.replace(".base_layer.", "."), v.detach()))
         return out
-    return [(k, v.detach()) for k, v in model.state_dict().items()]
+    return [(k, _whole(v.detach())) for k, v in model.state_dict().items()]
 
 
 def merged_weights(model) -> list[tuple[str, torch.Tensor]]:

@@ -21,7 +21,9 @@ What changes under sharding (everything else is the data-parallel path of
   (:func:`lockstep_passes`);
 * the gradient norm for clipping is the global one (:func:`clip_grad_norm`);
 * checkpoints, ``final/`` and every weight push gather the full tensors (collectives, every
-  process): the checkpoint is pofe's one format, and a sharded run resumes from it exactly.
+  process): the checkpoint is pofe's one format, and a sharded run resumes from it exactly; each
+  process pushes the gathered weights to its own in-process vLLM engine
+  (:func:`pofe.generation.vllm.hf_weights`).
 
 Refused with one line (exit 2) before any model loads (:func:`refuse_unsupported`): FSDP1 and
 DeepSpeed ZeRO-3, LoRA, commands that do not train, and sampling from the sharded policy with
@@ -74,8 +76,12 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
         if engine == "hf":
             raise ShardingRefused(f"{name} under FSDP2 cannot sample with transformers generate "
                                   "(sampling.engine=hf): set sampling.engine to vllm or vllm-server")
-        raise ShardingRefused(f"{name} under FSDP2 samples from the policy, which pofe does not yet push from "
-                              f"sharded weights (sampling.engine={engine}); use mode=offline or launch it data-parallel")
+        if engine != "vllm":
+            raise ShardingRefused(f"{name} under FSDP2 pushes gathered weights to an in-process engine only: set "
+                                  f"sampling.engine=vllm (was {engine}), or launch it data-parallel")
+        if cfg.mode == "async":
+            raise ShardingRefused(f"{name} under FSDP2: mode=async samples in a background thread, out of step with "
+                                  "the other processes' weight gathers; use mode=online or iterative")
     if getattr(getattr(cfg, "diagnostics", None), "offpolicy", False):
         raise ShardingRefused(f"{name} under FSDP2: diagnostics.offpolicy scores each process's own pairs with the "
                               "sharded policy out of step with the others; set diagnostics.offpolicy=false")

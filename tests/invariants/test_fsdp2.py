@@ -143,9 +143,57 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     refuse_unsupported("rl", RLConfig(), {})  # nothing asked
     hf = _refusal("online", OnlineConfig())
     assert "sampling.engine=hf" in hf and "set sampling.engine to vllm or vllm-server" in hf, hf
+    refuse_unsupported("online", OnlineConfig(sampling={"engine": "vllm"}, eval={"enabled": False}), FSDP2)
+    server = _refusal("online", OnlineConfig(sampling={"engine": "vllm-server", "server": {"base_urls": ["http://h:1"]}},
+                                              eval={"enabled": False}))
+    assert "set sampling.engine=vllm (was vllm-server)" in server, server
+    assert "mode=async" in _refusal("online", OnlineConfig(mode="async", sampling={"engine": "vllm"},
+                                                           judge={"kind": "length"}, eval={"enabled": False}))
     assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
     zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
     assert "LoRA is not trained sharded" in _refusal("sft", SFTConfig(model={"lora": {"enabled": True}}))
     assert "eval.enabled" in _refusal("online", OnlineConfig(mode="offline"))
     assert "pofe label does not train sharded parameters" in _refusal("label", None)
+
+
+# ----------------------------------------------------------------------------- sampling with vLLM
+
+@pytest.fixture
+def tiny64(tmp_path, tokenizer):
+    """A tiny random Llama whose head size (64) vLLM's CPU attention supports (16 is not)."""
+    from pofe.generation.vllm import vllm_available
+    from pofe.models import tiny_causal_lm
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vLLM not usable here: {why}")
+    d = tmp_path / "tiny64"
+    tiny_causal_lm(tokenizer, hidden_size=128, num_heads=2, seed=1).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.slow
+def test_sharded_online_pushes_the_gathered_weights_to_each_process_engine(tmp_path, tiny64):
+    """Each process gathers the whole weights after every update and pushes them to its own
+    in-process vLLM engine; ``sampling.sync_check`` then scores fixed tokens on the engine and by
+    the sharded trainer's own forward pass (transformers), after each update: the two agree to
+    fp32 rounding only when the engine holds the updated weights."""
+    vllm = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
+    cfg = configs.online(tmp_path, tiny64, "vl", {"eval.enabled": False, "train.steps": 2, "optim.lr": 1e-2,
+                                                  "sampling.engine": "vllm", "sampling.vllm": vllm,
+                                                  "sampling.sync_check.enabled": True,
+                                                  "sampling.sync_check.max_gap": 1e-3})
+    res = sharded(("online",), config=cfg, timeout=600)
+    assert res.rc == 0, res.stderr[-3000:]
+    assert "Invalid process group" not in res.stderr  # the engines' exit teardown ran on a live group
+    s = summary(res.run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "FSDP2", s
+    got = rows(res.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert r["engine"] == "vllm" and r["sync/logp_gap"] < 1e-4, r
+    assert got[-1]["engine_syncs"] > got[0]["engine_syncs"] > 0  # a push after each update
+    base = weights(Path(tiny64) / "model.safetensors")
+    assert max_abs_diff(weights(final_weights(res.run_dir)), base) > 1e-3  # the pushed weights moved
