@@ -6,7 +6,9 @@
 #      SmolLM2 tokenizer's 49,152, as no Qwen tokenizer can be downloaded),
 #   3. prints generation tok/s of hf (bf16) vs vllm (bf16) at batch 8/32/64 x 128 new tokens,
 #      online steps/s with vLLM generation + LoRA adapter sync (length judge, so the judge is
-#      not what is timed), and weight-sync seconds for LoRA adapters and full weights.
+#      not what is timed), and weight-sync seconds for LoRA adapters and full weights,
+#   4. with 2+ GPUs: online sharded with FSDP2 on 2 processes, each pushing the gathered weights to
+#      its own in-process vLLM engine (s/step, sync seconds, logp gap per push, peak GPU memory).
 # Run from the repository root:  bash benchmarks/device_check.sh   (output also in $OUT/device_check.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,4 +60,37 @@ timeout 150 "$PY" benchmarks/online_step.py --model "$OUT/qwen2-0.5b-shape" --de
 echo "[check] online steps, qwen2-0.5b-shape: vLLM generation + full-weight sync (reload_weights), length judge"
 timeout 150 "$PY" benchmarks/online_step.py --model "$OUT/qwen2-0.5b-shape" --device cuda --dtype bfloat16 \
   --engine vllm --judge length --steps 6 || echo "[check] online full fine-tuning run failed"
+NGPU=$(nvidia-smi -L | grep -c "^GPU" || true)
+if [ "$NGPU" -ge 2 ]; then
+  # FSDP2 (pofe shards the policy itself; the launcher variables ask for it, as examples/accelerate/fsdp2.yaml
+  # does) with each process pushing the gathered whole weights to its own in-process vLLM engine after every
+  # step; sync_check scores fixed tokens on the engine and the trainer after each push (bf16: a few 0.01 nats).
+  echo "[check] FSDP2 + vLLM push, 2 processes (one GPU each), qwen2-0.5b-shape, bf16, full fine-tuning, length judge"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/fsdp2-mem.csv" &
+  SMI=$!
+  if ACCELERATE_USE_FSDP=true FSDP_VERSION=2 timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      -m pofe online --set model.name="$OUT/qwen2-0.5b-shape" --set model.device=cuda --set model.dtype=bfloat16 \
+      --set judge.kind=length --set sampling.engine=vllm --set sampling.vllm.dtype=bfloat16 \
+      --set sampling.sync_check.enabled=true --set eval.enabled=false --set train.steps=4 --set train.batch_size=4 \
+      --set log.progress=false --set run.output_dir="$OUT/runs" --set run.name=fsdp2-vllm > "$OUT/fsdp2-vllm.log" 2>&1; then
+    "$PY" - "$OUT/runs/fsdp2-vllm" <<'EOF2'
+import json, statistics, sys
+run = sys.argv[1]
+rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+s = json.load(open(f"{run}/summary.json"))
+def med(key):  # the median without the first step (engine start-up)
+    vals = [r[key] for r in (rows[1:] or rows) if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
+print(f"[check] FSDP2 + vLLM: sharding={s.get('sharding')} processes={s.get('processes')} steps={len(rows)} "
+      f"s/step={med('time_step')} sync s={med('time_sync')} engine_syncs={rows[-1].get('engine_syncs')} "
+      f"logp_gap={[r.get('sync/logp_gap') for r in rows]}")
+EOF2
+  else
+    echo "[check] FSDP2 + vLLM run failed (tail of $OUT/fsdp2-vllm.log):"; tail -20 "$OUT/fsdp2-vllm.log"
+  fi
+  kill "$SMI" 2>/dev/null || true
+  awk -F', ' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] FSDP2 + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/fsdp2-mem.csv"
+else
+  echo "[check] FSDP2 + vLLM push skipped: $NGPU GPU visible (sharding needs 2 processes, one GPU each)"
+fi
 echo "[check] done in $(( $(date +%s) - t_start )) s (steps/s = 1 / seconds_per_step; sync seconds = the 'sync' split)"
