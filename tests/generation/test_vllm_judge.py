@@ -40,27 +40,40 @@ def test_pairwise_vllm_equals_transformers(tiny64_dir):
     for (wa, wb), (ga, gb) in zip(_per_order(want), _per_order(got)):
         assert ga == pytest.approx(wa, abs=1e-3) and gb == pytest.approx(wb, abs=1e-3)
     assert all(v.parse_ok and v.p is not None for v in got)
-    # both orders of all pairs in one engine batch, plus one batch of exact reads when a random
-    # model's top-20 list misses a choice spelling
-    assert judge.backend.stats.calls == 1 + (judge.backend.exact_reads > 0)
+    # both orders of all pairs in one engine batch, every choice spelling read by id in it
+    assert (judge.backend.stats.calls, judge.backend.exact_reads) == (1, 0)
 
 
-def test_choice_outside_top_k_is_read_exactly(tiny64_dir):
-    """top_logprobs=1 leaves a choice out of the list: it is read from the prompt log-prob
-    of prompt + choice token, never given probability 0."""
+def _read_top1(tiny64_dir, monkeypatch, by_ids: bool):
+    """top_logprobs=1 leaves a choice out of a random model's top-k list (the list holds at most
+    one of the choices' spellings). Returns the backend and the vLLM and transformers reads."""
     from pofe.generation import VLLMSettings
     from pofe.judges.backends import TransformersBackend
+    from pofe.judges.backends import vllm as backend
     from pofe.judges.templates import Rendered
-    from pofe.judges.backends.vllm import VLLMBackend
 
+    monkeypatch.setattr(backend, "reads_token_ids", lambda: by_ids)
     reqs = [Rendered(user=f"Question {i}: which is better, 1 or 2?", assistant_prefix="Answer: ") for i in range(3)]
-    be = VLLMBackend(str(tiny64_dir), settings=VLLMSettings(**VLLM), top_logprobs=1)
+    be = backend.VLLMBackend(str(tiny64_dir), settings=VLLMSettings(**VLLM), top_logprobs=1)
     got = be.read_choices(reqs, ["1", "2"])
     want = TransformersBackend(str(tiny64_dir)).read_choices(reqs, ["1", "2"])
-    assert be.exact_reads > 0
-    for g, w in zip(got, want):
+    for g, w in zip(got, want):  # never probability 0: the transformers backend's full-vocabulary values
         for c in ("1", "2"):
             assert math.isfinite(g.logprobs[c]) and g.logprobs[c] == pytest.approx(w.logprobs[c], abs=1e-3)
+    return be
+
+
+def test_choice_outside_top_k_is_read_by_id(tiny64_dir, monkeypatch):
+    """Every choice spelling is asked for by id (vLLM's logprob_token_ids): one prefill, no exact reads."""
+    be = _read_top1(tiny64_dir, monkeypatch, by_ids=True)
+    assert (be.stats.calls, be.exact_reads) == (1, 0)
+
+
+def test_choice_outside_top_k_is_read_exactly_without_token_ids(tiny64_dir, monkeypatch):
+    """A vLLM without logprob_token_ids: a spelling outside the top-k list is read from the
+    prompt log-prob of prompt + choice token, in a second prefill batch."""
+    be = _read_top1(tiny64_dir, monkeypatch, by_ids=False)
+    assert be.stats.calls == 2 and be.exact_reads > 0
 
 
 def test_expected_score_and_rubric_on_vllm(tiny64_dir):

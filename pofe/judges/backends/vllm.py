@@ -1,11 +1,14 @@
 """Judge reads on an in-process vLLM engine (``judge.kind: vllm``, or ``judge.backend: vllm``
 for the pointwise kinds). Same two operations as every judge backend:
 
-* ``read_choices``: one prefill + one decoded position per request (``max_tokens=1``,
-  ``logprobs=top_k``), all requests - both orders of every pair - in one ``generate`` batch.
-  A choice spelling missing from the top-k list is read *exactly*: the prompt log-prob of
-  that token appended to the prompt (``prompt_logprobs``), so a choice is never given
-  probability 0 because it fell outside a truncated list.
+* ``read_choices``: one prefill + one decoded position per request (``max_tokens=1``), all
+  requests - both orders of every pair - in one ``generate`` batch, reading the raw log-prob
+  of every single-token spelling of every choice at the answer position (vLLM's
+  ``logprob_token_ids``), so a choice is never given probability 0 because it fell outside a
+  truncated top-k list. A vLLM without ``logprob_token_ids`` reads the top-k list
+  (``logprobs=top_k``) and a spelling missing from it *exactly*: the prompt log-prob of that
+  token appended to the prompt (``prompt_logprobs``) -- a second prefill of the whole prompt,
+  since vLLM skips its prefix cache for prompt log-probs.
 * ``generate``: sampled text (rubric justifications, chain of thought).
 
 Prompts are rendered with pofe's chat template and tokenised by the HF tokenizer, so the
@@ -32,6 +35,13 @@ from pofe.judges.base import (BackendStats, ChoiceRead, GenOut, SingleTokenChoic
                               render_chat)
 from pofe.judges.probability import logsumexp
 from pofe.judges.templates import Rendered
+
+
+def reads_token_ids() -> bool:
+    """Whether this vLLM returns the log-probs of given token ids (``SamplingParams.logprob_token_ids``)."""
+    from vllm import SamplingParams
+
+    return "logprob_token_ids" in getattr(SamplingParams, "__struct_fields__", ())
 
 
 class VLLMBackend(SingleTokenChoices):
@@ -102,11 +112,10 @@ class VLLMBackend(SingleTokenChoices):
             return []
         t0 = time.perf_counter()
         lora = self._lora()
-        top = SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs, detokenize=False)
-        outs = self.engine.generate(ids, top, lora_request=lora)
+        outs = self.engine.generate(ids, self._answer_params(choices), lora_request=lora)
         reads: list[dict[int, float]] = []
         for o in outs:
-            first = o.outputs[0].logprobs[0]  # {token id: Logprob} for the answer position (top-k + sampled)
+            first = o.outputs[0].logprobs[0]  # {token id: Logprob} at the answer position (asked ids or top-k, + sampled)
             reads.append({int(t): float(lp.logprob) for t, lp in first.items()})
         # Exact reads for spellings outside the top-k: log P(token | prompt) from the prompt
         # log-probs of prompt + token (one more prefill batch, only for what is missing).
@@ -135,6 +144,17 @@ class VLLMBackend(SingleTokenChoices):
             lps = {c: logsumexp(min(d[v], 0.0) for v in self.variant_ids(c)) for c in choices}
             out.append(ChoiceRead(logprobs=lps, **meter))
         return out
+
+    def _answer_params(self, choices: Sequence[str]):
+        """The answer position's read: the choices' spellings by id where vLLM can, so they come
+        exactly from the one prefill (a top-k list can miss one, and each miss costs a second
+        prefill of the whole prompt), else the top-k list."""
+        from vllm import SamplingParams
+
+        if reads_token_ids():
+            want = sorted({v for c in choices for v in self.variant_ids(c)})
+            return SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=want, detokenize=False)
+        return SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs, detokenize=False)
 
     def generate(self, requests: Sequence[Rendered], *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 128, seed: int | None = None) -> list[list[GenOut]]:
