@@ -201,6 +201,7 @@ class RLRecipe(Recipe):
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)
         self.model.to(run.acc.device)
         self.ref = Reference(self.model, lora=cfg.model.lora.enabled)
+        self.model = run.shard(self.model)  # FSDP2 launch: after pi_0's whole copy, before the optimiser
         tokens = cfg.sampling.max_new_tokens
         self.reward_fn = self.reward_fn or build_reward(cfg.reward, max_new_tokens=tokens, judge=self._judge)
         self.monitor_fn = build_reward(cfg.monitor, max_new_tokens=tokens) if cfg.monitor else None

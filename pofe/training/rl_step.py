@@ -61,6 +61,9 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
     adv = masked_group_advantages(total, valid, k, cfg.algo)
     optimizer.zero_grad(set_to_none=True)
     loss_sum, mis = 0.0, [0.0, 0]  # sync/mismatch_kl's sum and tokens
+    # sharded: as many passes as any process (every process has batch_size x group_size samples,
+    # so the no-grad passes above already agree)
+    dp.lockstep(policy, len(chunks), pad_token_id=pad)
     for s, rlp, m in chunks:
         with cast():
             plp, _ = token_logprobs(policy, comps[s:s + mb], pad)
@@ -76,7 +79,7 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         loss_sum += float(loss.detach())
     dp.all_reduce_grads(policy.parameters())
     params = [p for p in policy.parameters() if p.requires_grad]
-    gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)) if cfg.optim.grad_clip else None
+    gn = dp.clip_grad_norm(params, cfg.optim.grad_clip) if cfg.optim.grad_clip else None
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()

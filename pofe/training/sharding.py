@@ -40,7 +40,7 @@ import torch
 
 from pofe.training.guards import ShardingRefused, requested_sharding
 
-TRAINED_SHARDED = ("sft", "rm", "online")
+TRAINED_SHARDED = ("sft", "rm", "online", "rl")
 """Commands that train sharded parameters (the others refuse a sharded launch)."""
 
 
@@ -70,7 +70,7 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
     if model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False)):
         raise ShardingRefused(f"{name}: LoRA is not trained sharded (FSDP2); a LoRA adapter is small enough to "
                               "train data-parallel (examples/accelerate/ddp-gpus.yaml)")
-    samples = command == "online" and getattr(cfg, "mode", "offline") != "offline"
+    samples = command == "rl" or (command == "online" and getattr(cfg, "mode", "offline") != "offline")
     if samples:
         engine = cfg.sampling.engine
         if engine == "hf":
@@ -79,7 +79,7 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
         if engine != "vllm":
             raise ShardingRefused(f"{name} under FSDP2 pushes gathered weights to an in-process engine only: set "
                                   f"sampling.engine=vllm (was {engine}), or launch it data-parallel")
-        if cfg.mode == "async":
+        if getattr(cfg, "mode", None) == "async":
             raise ShardingRefused(f"{name} under FSDP2: mode=async samples in a background thread, out of step with "
                                   "the other processes' weight gathers; use mode=online or iterative")
     if getattr(getattr(cfg, "diagnostics", None), "offpolicy", False):

@@ -149,6 +149,8 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     assert "set sampling.engine=vllm (was vllm-server)" in server, server
     assert "mode=async" in _refusal("online", OnlineConfig(mode="async", sampling={"engine": "vllm"},
                                                            judge={"kind": "length"}, eval={"enabled": False}))
+    assert "sampling.engine=hf" in _refusal("rl", RLConfig())
+    refuse_unsupported("rl", RLConfig(sampling={"engine": "vllm"}), FSDP2)
     assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
     zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
@@ -174,15 +176,17 @@ def tiny64(tmp_path, tokenizer):
     return d
 
 
+VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
+
+
 @pytest.mark.slow
 def test_sharded_online_pushes_the_gathered_weights_to_each_process_engine(tmp_path, tiny64):
     """Each process gathers the whole weights after every update and pushes them to its own
     in-process vLLM engine; ``sampling.sync_check`` then scores fixed tokens on the engine and by
     the sharded trainer's own forward pass (transformers), after each update: the two agree to
     fp32 rounding only when the engine holds the updated weights."""
-    vllm = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
     cfg = configs.online(tmp_path, tiny64, "vl", {"eval.enabled": False, "train.steps": 2, "optim.lr": 1e-2,
-                                                  "sampling.engine": "vllm", "sampling.vllm": vllm,
+                                                  "sampling.engine": "vllm", "sampling.vllm": VLLM,
                                                   "sampling.sync_check.enabled": True,
                                                   "sampling.sync_check.max_gap": 1e-3})
     res = sharded(("online",), config=cfg, timeout=600)
@@ -197,3 +201,27 @@ def test_sharded_online_pushes_the_gathered_weights_to_each_process_engine(tmp_p
     assert got[-1]["engine_syncs"] > got[0]["engine_syncs"] > 0  # a push after each update
     base = weights(Path(tiny64) / "model.safetensors")
     assert max_abs_diff(weights(final_weights(res.run_dir)), base) > 1e-3  # the pushed weights moved
+
+
+@pytest.mark.slow
+def test_sharded_rl_samples_from_the_pushed_weights(tmp_path, tiny64):
+    """``pofe rl`` sharded: each process samples its prompts' groups on its own engine, which holds
+    the gathered weights after every update: ``sync/mismatch_kl`` (per sampled token, the engine's
+    log-prob minus the sharded trainer's, transformers, in the update's own pass) is fp32 rounding,
+    and ``sampling.sync_check`` (max_gap 1e-3, else the run fails) passed after every push. The
+    run trains (its final/ moved) and measures before and after."""
+    cfg = configs.rl(tmp_path, tiny64, "rl", {"data.prompts": configs.prompts_file(tmp_path, 12), "train.steps": 2,
+                                               "sampling.engine": "vllm", "sampling.vllm": VLLM,
+                                               "sampling.sync_check.enabled": True,
+                                               "sampling.sync_check.max_gap": 1e-3})
+    res = sharded(("rl",), config=cfg, timeout=600)
+    assert res.rc == 0, res.stderr[-3000:]
+    s = summary(res.run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "FSDP2", s
+    assert s["eval_before"]["n"] == s["eval_after"]["n"] > 0
+    got = rows(res.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert abs(r["sync/mismatch_kl"]) < 1e-4, r
+    base = weights(Path(tiny64) / "model.safetensors")
+    assert max_abs_diff(weights(final_weights(res.run_dir)), base) > 1e-4
