@@ -57,6 +57,9 @@ def engine_refusal(cfg) -> str | None:
         return None
     if cfg.mode == "offline":
         return "reference.source=engine reads pi_0 from the annotator's vLLM engine; mode=offline has no annotator"
+    if cfg.mode == "async":  # one vLLM engine is not to be driven from two threads at once
+        return ("reference.source=engine reads pi_0 on the annotator's engine, which mode=async drives from its "
+                "background thread (judging step t+1 while step t trains): use mode=online")
     if cfg.judge.kind != "vllm" or not same_model(getattr(cfg.judge, "model", None), cfg.model.name):
         return ("reference.source=engine needs the annotator to be pi_0 on vLLM: judge.kind=vllm with judge.model "
                 f"= model.name (judge.kind is {cfg.judge.kind!r})")

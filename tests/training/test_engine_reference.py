@@ -108,6 +108,7 @@ def test_a_resumed_engine_decision_frees_the_copy_without_measuring(tiny_model):
     (["judge.kind=vllm", "judge.model=other-model"], "judge.kind=vllm"),
     (["judge.kind=vllm", "model.lora.enabled=true"], "no copy to free"),
     (["judge.kind=vllm", "mode=offline", "data.preferences=x.jsonl"], "no annotator"),
+    (["judge.kind=vllm", "mode=async", "sampling.engine=vllm"], "background thread"),
 ])
 def test_engine_reference_refusals_name_what_is_missing(sets, msg):
     from pofe.config import ConfigError, load_config
