@@ -248,17 +248,17 @@ def _load(run: RunContext, recipe: Recipe) -> None:
 
 
 def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
-    """Under sharding, the whole trained weights and optimiser state, gathered on every process (a
-    collective) for rank 0 to write in the one checkpoint format; else nothing (read at save)."""
+    """Under sharding, the whole trained weights and optimiser state, gathered by every process (a
+    collective) and kept by rank 0 to write in the one checkpoint format; else nothing (read at save)."""
     if not run.sharded or recipe.model is None:
         return {}
     from pofe.training.sharding import full_model_state, full_optimizer_state
 
     model = recipe.unwrapped()
     names = {n for n, p in model.named_parameters() if p.requires_grad}
-    out: dict[str, Any] = {"model_state": full_model_state(model, names)}
+    out: dict[str, Any] = {"model_state": full_model_state(model, names, keep=run.main)}
     if recipe.optimizer is not None:
-        out["optimizer_state"] = full_optimizer_state(model, recipe.optimizer)
+        out["optimizer_state"] = full_optimizer_state(model, recipe.optimizer, keep=run.main)
     return out
 
 

@@ -175,13 +175,16 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def full_model_state(model, names: set[str] | None = None) -> dict[str, torch.Tensor]:
-    """The whole weights on CPU (those in ``names`` when given), on every process: a collective
-    (each parameter is all-gathered once)."""
+def full_model_state(model, names: set[str] | None = None, *, keep: bool = True) -> dict[str, torch.Tensor]:
+    """The whole weights on CPU (those in ``names`` when given): a collective, every process
+    all-gathers each tensor in turn; only a process that ``keep``s them (rank 0, which writes)
+    holds the copy, the others get an empty dict."""
     sd: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
         if names is None or k in names:
-            sd[k] = full_tensor(v).detach().cpu().clone()
+            whole = full_tensor(v)
+            if keep:
+                sd[k] = whole.detach().cpu().clone()
     return sd
 
 
@@ -192,7 +195,7 @@ def plain_copy(model, *, main: bool):
     config, in the weights' dtype, with its generation config."""
     from torch.distributed.fsdp import FSDPModule
 
-    full = full_model_state(model)
+    full = full_model_state(model, keep=main)
     if not main:
         return None
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
@@ -211,13 +214,14 @@ def _fqns(model, optimizer) -> list[str]:
     return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def full_optimizer_state(model, optimizer) -> dict[str, Any]:
+def full_optimizer_state(model, optimizer, *, keep: bool = True) -> dict[str, Any]:
     """``optimizer.state_dict()`` as one process would hold it unsharded (whole moment tensors,
-    parameters by index): pofe's one checkpoint format, whatever the launch. A collective."""
+    parameters by index): pofe's one checkpoint format, whatever the launch. A collective; only a
+    process that ``keep``s it holds the whole tensors (the others get None)."""
     sd = optimizer.state_dict()
     state = {i: {k: full_tensor(v).detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
              for i, s in sd["state"].items()}
-    return {"state": state, "param_groups": sd["param_groups"]}
+    return {"state": state, "param_groups": sd["param_groups"]} if keep else None
 
 
 def load_full_state(model, sd: dict[str, torch.Tensor] | None, optimizer=None, osd: dict[str, Any] | None = None) -> None:
