@@ -180,7 +180,7 @@ def _embedded(tmp_path, name: str, iterations: int, prompts: int, **variants) ->
         "judge": {"kind": "expected-score", "template": str(EXPECTED_RUBRIC), "batch_size": 12},
         "data": {"prompts": str(pool), "per_iteration": prompts},
         "candidates": {"n": 3, "chunk": 4, "sampling": {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9}},
-        "dpo": {"steps": 2, "batch_size": 2, "grad_accum": 1,
+        "dpo": {"steps": 1, "batch_size": 2, "grad_accum": 1,
                 "optim": {"lr": 1e-2, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.1}},
         "selection": {"enabled": False},
         "eval": {"num_prompts": 1, "rm_metrics": False, "sampling": {"temperature": 0.0, "max_new_tokens": 8}},
@@ -198,10 +198,10 @@ def test_meta_judge_on_the_embedded_model(tmp_path):
     orders; at least one judge pair is built and trained on with the actor pairs. Each judge
     pair is checked against the stage files: its win scores recomputed from the meta-judge's p,
     chosen the highest, rejected the lowest, their scores different."""
-    cfg = _embedded(tmp_path, "meta", 2, 3, meta_judge={
+    cfg = _embedded(tmp_path, "meta", 2, 2, meta_judge={
         "enabled": True, "length_control": 0.25,
         "judge": {"template": str(SCORE_FIRST), "batch_size": 12,
-                  "rubric": {"samples": 4, "max_new_tokens": 12, "temperature": 0.7}}})
+                  "rubric": {"samples": 4, "max_new_tokens": 8, "temperature": 0.7}}})
     s = run(cfg)
     root = Path(s["run_dir"])
     data = root / "iter_2" / "data"
@@ -211,7 +211,7 @@ def test_meta_judge_on_the_embedded_model(tmp_path):
     assert m["judge_pairs"] == len(judge) >= 1, m
     assert m["actor_pairs"] == len(pairs) - len(judge) >= 1, m
     jrows, mrows = read_jsonl(data / "judgments.jsonl"), read_jsonl(data / "meta_judgments.jsonl")
-    assert m["judgments"] == 3 * 3 * 4 and m["meta_judgments"] == sum(len(r["comparisons"]) for r in mrows) > 0
+    assert m["judgments"] == 2 * 3 * 4 and m["meta_judgments"] == sum(len(r["comparisons"]) for r in mrows) > 0
     assert m["meta_unreadable"] == sum(c[2] is None for r in mrows for c in r["comparisons"])
     for p in judge:
         i = p["provenance"]["prompt_index"] - jrows[0]["index"]
@@ -232,27 +232,19 @@ def test_meta_judge_on_the_embedded_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_temporal_future_and_cream_on_the_embedded_model(tmp_path):
-    """SmolLM2 with anchored rejection + future-guided chosen + CREAM, three pofe iterations (two
-    DPO rounds; CREAM needs a previous judge, so it applies in iteration 3). Every iteration
-    trains M_t' on its anchored pairs and its aift.jsonl equals the pairs recomputed from the
-    stage files; the chosen replaced by M_t''s better-scored candidates are counted and at
-    least one is replaced over the run; iteration 3 carries CREAM's soft label."""
-    cfg = _embedded(tmp_path, "fut", 3, 3, temporal={"anchor": "m1", "future": True}, cream={"enabled": True})
-    s = run(cfg)
+def test_temporal_future_on_the_embedded_model(tmp_path):
+    """SmolLM2 with anchored rejection + future-guided chosen, two iterations (M1 -> M2): M2' is
+    trained from M1 on the anchored pairs, its candidates are scored by M1, and aift.jsonl equals
+    the pairs recomputed from the stage files; at least one chosen is replaced by a better-scored
+    M2' candidate (measured: 1 of 2). CREAM on the embedded model, three iterations so that it
+    applies (``cream.applied: true`` in iteration 3), is
+    ``tests/loops/test_self_reward_loop.py::test_variants_on_the_embedded_model``; with the future
+    chosen on too it took 306 s of CPU here (11 min on the loaded machine), so it is not repeated."""
+    s = run(_embedded(tmp_path, "fut", 2, 2, temporal={"anchor": "m1", "future": True}))
     root = Path(s["run_dir"])
-    _, it2, it3 = s["iterations"]
+    it2 = s["iterations"][1]
     _check_future(root, it2, 2, "smollm2-135m-instruct")
-    data = root / "iter_3" / "data"
-    anchored, _ = build_anchored_pairs(read_jsonl(data / "candidates.jsonl"), read_jsonl(data / "anchor_candidates.jsonl"))
-    assert read_jsonl(data / "anchored_pairs.jsonl") == anchored
-    want, counts = replace_chosen(anchored, read_jsonl(data / "future_candidates.jsonl"), "M3'")
-    c = it3["cream"]["C"]
-    assert it3["cream"]["applied"] is True and it2["cream"]["applied"] is False
-    assert read_jsonl(data / "aift.jsonl") == [{**p, "p": c} for p in want]
-    assert it3["temporal"]["future"]["replaced"] == counts["replaced"]
-    assert it2["temporal"]["future"]["replaced"] + it3["temporal"]["future"]["replaced"] >= 1
-    rows = read_jsonl(root / "metrics.jsonl")
-    assert [r.get("temporal/replaced_chosen") for r in rows] == [None, it2["temporal"]["future"]["replaced"],
-                                                                 counts["replaced"]]
-    assert rows[2]["cream/applied"] == 1
+    assert it2["temporal"]["future"]["replaced"] >= 1, it2["temporal"]
+    assert [p.get("chosen_from") for p in read_jsonl(root / "iter_2" / "data" / "aift.jsonl")].count("M2'") == \
+        it2["temporal"]["future"]["replaced"]
+    assert read_jsonl(root / "metrics.jsonl")[1]["temporal/replaced_chosen"] == it2["temporal"]["future"]["replaced"]
