@@ -35,8 +35,10 @@ def run_pofe(extra: str, steps: int) -> dict:
     return json.loads(out[out.rindex("\n{") + 1:] if "\n{" in out else out[out.index("{"):])
 
 
-def run_trl(extra: str, steps: int) -> dict:
-    cmd = [str(TRL_PY), str(ANCHOR / "trl_bench.py"), "--loss-types", "sigmoid", "--judge", "llm", "--both-orders",
+def run_trl(extra: str, steps: int, script: Path = ANCHOR / "trl_bench.py") -> dict:
+    """One TRL run; ``script``: the anchor's trl_bench.py, or a wrapper that takes its arguments
+    and prints its result lines (``benchmarks/trl_online_shape.py``, other batch shapes)."""
+    cmd = [str(TRL_PY), str(script), "--loss-types", "sigmoid", "--judge", "llm", "--both-orders",
            "--steps", str(steps), *shlex.split(extra)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     res = {}
