@@ -80,7 +80,6 @@ def test_fsdp2_config_trains_sft_sharded_as_torchrun_does(tmp_path, tiny_model_d
     assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
 
 
-@pytest.mark.slow
 def test_fsdp2_config_refuses_hf_generate_with_one_line_before_any_model_loads(tmp_path, tiny_model_dir):
     path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "fsdp"))  # sampling.engine: hf (the default)
     res = _accelerate(ACCEL / "fsdp2.yaml", "online", "--config", str(path), timeout=300)

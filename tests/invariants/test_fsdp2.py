@@ -69,8 +69,7 @@ def _over(command: str, work: Path) -> dict:
     return {"optim.lr": LR, **data}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", list(EQUAL))
+@pytest.mark.parametrize("command", list(EQUAL))  # about 20 s each: not marked slow
 def test_two_sharded_processes_equal_one_with_the_same_global_batch(command, tmp_path, tiny_model_dir):
     fn, common, b1, b2 = EQUAL[command]
     over = {**common, **_over(command, tmp_path)}
