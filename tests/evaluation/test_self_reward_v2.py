@@ -261,3 +261,11 @@ def test_judgments_after_an_answer_prefix_are_read_with_it(tmp_path):
                      "texts": [["Score: 4\nIt answers.", "Score: 99 points", "Score: 2.5, partly"]],
                      "scores": [[4.0, None, 2.5]]}]
     assert read_jsonl(tmp_path / "j.jsonl") == rows
+
+
+def test_meta_example_parses():
+    from pathlib import Path
+
+    cfg = load_config(SelfRewardConfig, Path(__file__).resolve().parents[2] / "examples" / "self-reward-meta.yaml")
+    assert cfg.meta_judge.enabled and cfg.meta_judge.judge.rubric.samples == 4 and cfg.meta_judge.meta.kind == "llm"
+    assert cfg.meta_judge.judge.template.endswith("rubric-score-first.yaml") and cfg.meta_judge.length_control == 0.25
