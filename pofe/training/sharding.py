@@ -25,10 +25,14 @@ What changes under sharding (everything else is the data-parallel path of
   process pushes the gathered weights to its own in-process vLLM engine
   (:func:`pofe.generation.vllm.hf_weights`).
 
+LoRA trains sharded too (the adapter is split with its layers; checkpoints hold the adapter,
+``final/`` the adapter and the merged model), for the commands that do not sample.
+
 Refused with one line (exit 2) before any model loads (:func:`refuse_unsupported`): FSDP1 and
-DeepSpeed ZeRO-3, LoRA, commands that do not train, and sampling from the sharded policy with
-transformers ``generate`` (``sampling.engine=hf``), which would need every process to call
-``generate`` in lockstep.
+DeepSpeed ZeRO-3, commands that do not train, sampling from the sharded policy with transformers
+``generate`` (``sampling.engine=hf``), which would need every process to call ``generate`` in
+lockstep, a served engine (``vllm-server``), ``mode=async``, and a LoRA policy that samples (its
+adapter push is not gathered).
 """
 
 from __future__ import annotations
@@ -67,10 +71,11 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
         raise ShardingRefused(f"{name} does not train sharded parameters (FSDP2 asked by the launcher): launch it "
                               "data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
     model = getattr(cfg, "model", None)
-    if model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False)):
-        raise ShardingRefused(f"{name}: LoRA is not trained sharded (FSDP2); a LoRA adapter is small enough to "
-                              "train data-parallel (examples/accelerate/ddp-gpus.yaml)")
+    lora = model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False))
     samples = command == "rl" or (command == "online" and getattr(cfg, "mode", "offline") != "offline")
+    if lora and samples:
+        raise ShardingRefused(f"{name}: a LoRA policy under FSDP2 does not push its adapter to a sampling engine; "
+                              "train the adapter data-parallel (examples/accelerate/ddp-gpus.yaml)")
     if samples:
         engine = cfg.sampling.engine
         if engine == "hf":
@@ -198,14 +203,30 @@ def plain_copy(model, *, main: bool):
     full = full_model_state(model, keep=main)
     if not main:
         return None
-    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
     dtype = next((v.dtype for v in full.values() if v.is_floating_point()), torch.float32)
-    plain = cls(model.config).to(dtype)
+    plain = _unsharded_twin(model).to(dtype)
     plain.load_state_dict(full, strict=True)
     if getattr(model, "generation_config", None) is not None:
         plain.generation_config = model.generation_config
     plain.eval()
     return plain
+
+
+def _unsharded_twin(model):
+    """A new, unsharded instance of ``model``'s architecture (its weights to be loaded): the
+    transformers class from its config, and for a LoRA (peft) model the same adapter config on it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def plain_class(m):
+        return next(c for c in type(m).__mro__ if not issubclass(c, FSDPModule))
+
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        from peft import get_peft_model
+
+        base = model.get_base_model()
+        name, cfg = next(iter(model.peft_config.items()))
+        return get_peft_model(plain_class(base)(base.config), cfg, adapter_name=name)
+    return plain_class(model)(model.config)
 
 
 def _fqns(model, optimizer) -> list[str]:

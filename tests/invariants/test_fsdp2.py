@@ -2,7 +2,7 @@
 the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks for it
 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``):
 
-* ``sft``, ``rm`` and ``online`` mode=offline on 2 sharded processes with ``train.batch_size`` B each equal 1 process with
+* ``sft``, ``rm`` and ``online`` mode=offline (full fine-tuning and LoRA) on 2 sharded processes with ``train.batch_size`` B each equal 1 process with
   2B (the same global batch): ``final/`` weights to ``ATOL`` (= lr/10, as for data parallel),
   step 1's loss and gradient norm to 1e-5 relative, later steps to 1e-3 (the tolerances of
   ``test_data_parallel.py``, which explains them). rm's last step of each epoch holds one pair,
@@ -32,12 +32,16 @@ LR = 1e-3
 ATOL = LR / 10
 RTOL, RTOL_LATER = 1e-5, 1e-3
 
+LORA = {"model.lora.enabled": True, "model.lora.r": 4}
+OFFLINE = {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2, "optim.warmup_steps": 0}
+# case -> (command, overrides); one process trains batch 4, each of two sharded processes batch 2
 EQUAL = {
-    "sft": (configs.sft, {"train.steps": 3}, 4, 2),
-    "rm": (configs.rm, {}, 4, 2),
+    "sft": ("sft", {"train.steps": 3}),
+    "sft-lora": ("sft", {"train.steps": 3, **LORA}),  # the adapter sharded with its layers
+    "rm": ("rm", {}),
     # DAP on a fixed preference file; pi_0 a whole frozen copy on each process; 2 micro-batches a step
-    "online": (configs.online, {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2,
-                                "optim.warmup_steps": 0}, 4, 2),
+    "online": ("online", OFFLINE),
+    "online-lora": ("online", {**OFFLINE, **LORA}),  # pi_0: the sharded policy with its adapter off
 }
 
 
@@ -69,14 +73,14 @@ def _over(command: str, work: Path) -> dict:
     return {"optim.lr": LR, **data}
 
 
-@pytest.mark.parametrize("command", list(EQUAL))  # about 20 s each: not marked slow
-def test_two_sharded_processes_equal_one_with_the_same_global_batch(command, tmp_path, tiny_model_dir):
-    fn, common, b1, b2 = EQUAL[command]
+@pytest.mark.parametrize("case", list(EQUAL))  # about 20 s each: not marked slow
+def test_two_sharded_processes_equal_one_with_the_same_global_batch(case, tmp_path, tiny_model_dir):
+    command, common = EQUAL[case]
     over = {**common, **_over(command, tmp_path)}
-    argv = configs.COMMANDS[command].argv
+    fn, argv = configs.COMMANDS[command].config, configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": b1}))
-        f2 = pool.submit(sharded, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": b2}))
+        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
+        f2 = pool.submit(sharded, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": 2}))
         one, two = f1.result(), f2.result()
     assert one.rc == 0, one.stderr[-3000:]
     assert two.rc == 0, two.stderr[-3000:]
@@ -153,7 +157,9 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
     zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
-    assert "LoRA is not trained sharded" in _refusal("sft", SFTConfig(model={"lora": {"enabled": True}}))
+    refuse_unsupported("sft", SFTConfig(model={"lora": {"enabled": True}}), FSDP2)  # trains sharded
+    lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm"}))
+    assert "a LoRA policy under FSDP2 does not push its adapter" in lora, lora
     assert "eval.enabled" in _refusal("online", OnlineConfig(mode="offline"))
     assert "pofe label does not train sharded parameters" in _refusal("label", None)
 
