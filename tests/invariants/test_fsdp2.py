@@ -39,6 +39,7 @@ EQUAL = {
     "sft": ("sft", {"train.steps": 3}),
     "sft-lora": ("sft", {"train.steps": 3, **LORA}),  # the adapter sharded with its layers
     "rm": ("rm", {}),
+    "rm-lora": ("rm", LORA),
     # DAP on a fixed preference file; pi_0 a whole frozen copy on each process; 2 micro-batches a step
     "online": ("online", OFFLINE),
     "online-lora": ("online", {**OFFLINE, **LORA}),  # pi_0: the sharded policy with its adapter off
