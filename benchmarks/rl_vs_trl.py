@@ -132,6 +132,7 @@ def main() -> None:
         show(r, "TRL", t)
         pofe_res.append(p), trl_res.append(t)
         shutil.rmtree(w, ignore_errors=True)  # a run folder holds the final model (~0.5 GB)
+    shutil.rmtree(work, ignore_errors=True)
     print(paired_line(f"rl {args.algo}{' bf16' if args.bf16 else ' fp32'}", pofe_res, trl_res))
 
 
