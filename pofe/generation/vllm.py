@@ -102,7 +102,7 @@ def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
         for k, v in model.get_base_model().state_dict().items():
             if "lora_" in k or "modules_to_save" in k:
                 continue
-            out.append((k.replace(".base_layer.", "."), v.detach()))
+            out.append((k.replace(".base_layer.", "."), _whole(v.detach())))
         return out
     return [(k, _whole(v.detach())) for k, v in model.state_dict().items()]
 
@@ -115,7 +115,7 @@ def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
         if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer"):
             for a in m.active_adapters:
                 if a in getattr(m, "lora_A", {}):
-                    deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + m.get_delta_weight(a)
+                    deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + _whole(m.get_delta_weight(a))
     out = [(k, v + deltas.pop(k).to(v.dtype) if k in deltas else v) for k, v in hf_weights(model)]
     if deltas:  # an adapted tensor with no checkpoint name: pushing the rest would sample wrong weights
         raise EngineSyncError(f"cannot merge LoRA into {sorted(deltas)[:3]}: no such checkpoint tensor")

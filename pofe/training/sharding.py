@@ -26,13 +26,15 @@ What changes under sharding (everything else is the data-parallel path of
   (:func:`pofe.generation.vllm.hf_weights`).
 
 LoRA trains sharded too (the adapter is split with its layers; checkpoints hold the adapter,
-``final/`` the adapter and the merged model), for the commands that do not sample.
+``final/`` the adapter and the merged model); a LoRA policy that samples pushes base + merged
+adapter, gathered whole (``sampling.vllm.lora_sync=merged``).
 
 Refused with one line (exit 2) before any model loads (:func:`refuse_unsupported`): FSDP1 and
 DeepSpeed ZeRO-3, commands that do not train, sampling from the sharded policy with transformers
 ``generate`` (``sampling.engine=hf``), which would need every process to call ``generate`` in
-lockstep, a served engine (``vllm-server``), ``mode=async``, and a LoRA policy that samples (its
-adapter push is not gathered).
+lockstep, a served engine (``vllm-server``), ``mode=async``, and a LoRA policy that would push
+its adapter alone (``lora_sync`` other than ``merged``: the adapter file is written from the
+sharded model).
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
     model = getattr(cfg, "model", None)
     lora = model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False))
     samples = command == "rl" or (command == "online" and getattr(cfg, "mode", "offline") != "offline")
-    if lora and samples:
-        raise ShardingRefused(f"{name}: a LoRA policy under FSDP2 does not push its adapter to a sampling engine; "
-                              "train the adapter data-parallel (examples/accelerate/ddp-gpus.yaml)")
+    if lora and samples and cfg.sampling.vllm.lora_sync != "merged":
+        raise ShardingRefused(f"{name}: a LoRA policy under FSDP2 pushes its weights merged (gathered whole); set "
+                              f"sampling.vllm.lora_sync=merged (was {cfg.sampling.vllm.lora_sync})")
     if samples:
         engine = cfg.sampling.engine
         if engine == "hf":

@@ -160,7 +160,9 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
     refuse_unsupported("sft", SFTConfig(model={"lora": {"enabled": True}}), FSDP2)  # trains sharded
     lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm"}))
-    assert "a LoRA policy under FSDP2 does not push its adapter" in lora, lora
+    assert "set sampling.vllm.lora_sync=merged (was auto)" in lora, lora
+    refuse_unsupported("rl", RLConfig(model={"lora": {"enabled": True}},
+                                      sampling={"engine": "vllm", "vllm": {"lora_sync": "merged"}}), FSDP2)
     assert "eval.enabled" in _refusal("online", OnlineConfig(mode="offline"))
     assert "pofe label does not train sharded parameters" in _refusal("label", None)
 
@@ -186,15 +188,17 @@ VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
 
 
 @pytest.mark.slow
-def test_sharded_online_pushes_the_gathered_weights_to_each_process_engine(tmp_path, tiny64):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
+def test_sharded_online_pushes_the_gathered_weights_to_each_process_engine(lora, tmp_path, tiny64):
     """Each process gathers the whole weights after every update and pushes them to its own
     in-process vLLM engine; ``sampling.sync_check`` then scores fixed tokens on the engine and by
     the sharded trainer's own forward pass (transformers), after each update: the two agree to
-    fp32 rounding only when the engine holds the updated weights."""
+    fp32 rounding only when the engine holds the updated weights. With LoRA the push is the base
+    weights plus the merged adapter, both gathered whole."""
+    over = {**LORA, "sampling.vllm": {**VLLM, "lora_sync": "merged"}} if lora else {"sampling.vllm": VLLM}
     cfg = configs.online(tmp_path, tiny64, "vl", {"eval.enabled": False, "train.steps": 2, "optim.lr": 1e-2,
-                                                  "sampling.engine": "vllm", "sampling.vllm": VLLM,
-                                                  "sampling.sync_check.enabled": True,
-                                                  "sampling.sync_check.max_gap": 1e-3})
+                                                  "sampling.engine": "vllm", "sampling.sync_check.enabled": True,
+                                                  "sampling.sync_check.max_gap": 1e-3, **over})
     res = sharded(("online",), config=cfg, timeout=600)
     assert res.rc == 0, res.stderr[-3000:]
     assert "Invalid process group" not in res.stderr  # the engines' exit teardown ran on a live group
