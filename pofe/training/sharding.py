@@ -39,6 +39,7 @@ sharded model).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,6 +70,12 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
     if kind != "FSDP2":
         raise ShardingRefused(f"{name} does not train with {kind}; use FSDP2 (examples/accelerate/fsdp2.yaml) "
                               "or launch it data-parallel (examples/accelerate/ddp-gpus.yaml)")
+    env = os.environ if environ is None else environ
+    if env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() in ("true", "1"):
+        # transformers then loads the weights on rank 0 only (the others' would be empty) and
+        # expects FSDP to broadcast them; pofe shards each process's own loaded copy
+        raise ShardingRefused(f"{name}: fsdp_cpu_ram_efficient_loading is not supported (every process loads the "
+                              "model, then shards it); set it to false in the accelerate config")
     if command not in TRAINED_SHARDED:
         raise ShardingRefused(f"{name} does not train sharded parameters (FSDP2 asked by the launcher): launch it "
                               "data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")

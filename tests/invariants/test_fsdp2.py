@@ -155,6 +155,8 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
                                                            judge={"kind": "length"}, eval={"enabled": False}))
     assert "sampling.engine=hf" in _refusal("rl", RLConfig())
     refuse_unsupported("rl", RLConfig(sampling={"engine": "vllm"}), FSDP2)
+    ram = _refusal("sft", SFTConfig(), {**FSDP2, "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"})
+    assert "fsdp_cpu_ram_efficient_loading is not supported" in ram, ram
     assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
     zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
