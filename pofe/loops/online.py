@@ -18,7 +18,8 @@ Modes are pair sources (:mod:`pofe.training.pair_sources`): ``online`` (the abov
 Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotator is
 :mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; Appendix
 B's off-policy gap :mod:`pofe.training.diagnostics`; judge drift :mod:`pofe.training.drift`.
-Data parallel (gradients all-reduced; FSDP / ZeRO-3 refused: sampling needs whole parameters)::
+Data parallel (gradients all-reduced), or FSDP2-sharded with sampling.engine=vllm (each process
+pushes the gathered weights to its own engine; :mod:`pofe.training.sharding`)::
 
     torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
     accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # GPUs, DDP / ZeRO-1/2
