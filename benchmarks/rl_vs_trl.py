@@ -64,6 +64,7 @@ def pofe_side(sets: list[str]) -> dict:
     cfg = load_config(RLConfig, None, sets)
     times: list[float] = []
     generated: list[float] = []
+    splits: list[dict] = []
 
     class Timed(RLRecipe):
         def step(self, step):
@@ -71,11 +72,13 @@ def pofe_side(sets: list[str]) -> dict:
             row = super().step(step)
             times.append(time.perf_counter() - t)
             generated.append(row["length"] * cfg.train.batch_size * cfg.train.group_size)
+            splits.append(row["seconds"])  # rl_step's own split: generate / reward / update
             return row
 
     drive(Timed(cfg))
     return {"seconds_per_step": statistics.median(times[1:]), "steps": len(times),
-            "generated_tokens_per_step": round(statistics.mean(generated[1:])), "peak_rss_gb": peak_rss_gb()}
+            "generated_tokens_per_step": round(statistics.mean(generated[1:])), "peak_rss_gb": peak_rss_gb(),
+            "split_s": {k: round(statistics.median(x[k] for x in splits[1:]), 2) for k in splits[0]}}
 
 
 def run_side(cmd: list[str]) -> dict:
@@ -85,7 +88,7 @@ def run_side(cmd: list[str]) -> dict:
 
 def show(r: int, side: str, x: dict) -> None:
     print(f"round {r + 1} {side:4s}: {x['seconds_per_step']:.3f} s/step  generated {x['generated_tokens_per_step']} "
-          f"tokens/step  peak RSS {x['peak_rss_gb']} GB", flush=True)
+          f"tokens/step  peak RSS {x['peak_rss_gb']} GB{'  split ' + str(x['split_s']) if 'split_s' in x else ''}", flush=True)
 
 
 def main() -> None:
