@@ -64,8 +64,8 @@ class MetaJudgeSettings(PofeConfig):
 
     enabled: bool = False
     """Add judge pairs (meta-judged judgments) to every iteration's DPO and length-control the actor pairs."""
-    judge: RubricJudgeConfig = RubricJudgeConfig()
-    """The judge role writing judgments (the additive rubric, sampled: justification + "Score: N"); its
+    judge: JudgeConfig = RubricJudgeConfig()
+    """The judge role writing judgments (kind rubric, the additive rubric, sampled: justification + "Score: N"); its
     ``rubric.samples`` is K, the judgments per candidate (at least 2). Runs on M_{t-1} with ``judge_model: self``."""
     meta: JudgeConfig = LLMJudgeConfig(template="meta-judge")
     """The meta-judge role: a pairwise judge comparing two judgments of one response (both orders);
@@ -77,7 +77,9 @@ class MetaJudgeSettings(PofeConfig):
 
     @field_validator("judge")
     @classmethod
-    def _k_judgments(cls, v: RubricJudgeConfig) -> RubricJudgeConfig:
+    def _k_judgments(cls, v):
+        if not isinstance(v, RubricJudgeConfig):  # the judgments are rubric texts with a score the meta-judge compares
+            raise ValueError(f"meta_judge.judge must be kind rubric (it writes scored judgments), not {v.kind!r}")
         if v.rubric.samples < 2:
             raise ValueError("meta_judge.judge.rubric.samples is K, the judgments per candidate: need at least 2 to compare")
         if getattr(v, "budget", None) is not None:
