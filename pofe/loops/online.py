@@ -22,7 +22,7 @@ Data parallel (gradients all-reduced), or FSDP2-sharded with sampling.engine=vll
 pushes the gathered weights to its own engine; :mod:`pofe.training.sharding`)::
 
     torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
-    accelerate launch --config_file ds_zero2.yaml -m pofe.cli.main online --config C.yaml      # GPUs, DDP / ZeRO-1/2
+    accelerate launch --config_file examples/accelerate/ddp-gpus.yaml -m pofe.cli.main online --config C.yaml  # GPUs, DDP
 """
 
 from __future__ import annotations
