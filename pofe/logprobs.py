@@ -101,6 +101,21 @@ def selective_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, chunk: in
     return _SelectiveLogprobs.apply(flat, targets.reshape(-1), chunk).reshape(shape)
 
 
+def completion_token_logprobs(model, batch: SequenceBatch, width: int) -> torch.Tensor:
+    """(B, width) log-probs of the last ``width`` tokens of a *left-padded* batch (every completion
+    ends at position T-1, so all completion tokens lie there), computing the (B, T, V) vocabulary
+    projection only for the last ``width + 1`` positions (``logits_to_keep``). Why: prompts never
+    need their logits, and with long prompts (multi-turn HH-RLHF dialogues run to several hundred
+    tokens) the full (B, T, V) logits and their gradient were most of a step's time and memory.
+    Positions come from the mask, so the numbers are :func:`token_logprobs`'s."""
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+                   logits_to_keep=width + 1).logits  # (B, width+1, V): position t predicts token t+1
+    lp = selective_logprobs(logits[:, :-1], batch.input_ids[:, -width:])  # fp32 logsumexp - gather
+    del logits
+    return lp
+
+
 def token_logprobs(model, batch: SequenceBatch) -> torch.Tensor:
     """(B, T) log-prob of each token given its prefix; position 0 (no prefix) is 0.
 

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from pofe.logprobs import SequenceBatch, build_batch, selective_logprobs
+from pofe.logprobs import SequenceBatch, build_batch, completion_token_logprobs, selective_logprobs
 from pofe.losses import PreferenceLoss
 from pofe.training.precision import Precision, attention_for, autocast, eager_attention_pays, hf_model
 
@@ -145,13 +145,7 @@ def completion_logps(model, batch: SequenceBatch, width: int) -> torch.Tensor:
     their logits, which saves lm_head FLOPs and the largest activation of the pass.
     Same numbers as :func:`pofe.logprobs.sequence_logprobs` (positions come from the mask).
     """
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
-                   logits_to_keep=width + 1).logits  # (B, width+1, V)
-    # logits at position t predict token t+1: the kept ones predict the last `width` tokens;
-    # fp32 logsumexp - gather, no (B, width, V) log-softmax kept for the backward
-    tok = selective_logprobs(logits[:, :-1], batch.input_ids[:, -width:])  # (B, width)
-    del logits
+    tok = completion_token_logprobs(model, batch, width)  # (B, width)
     return (tok * batch.completion_mask[:, -width:].to(tok.dtype)).sum(-1)
 
 

@@ -117,16 +117,18 @@ def pg_loss(policy_tok: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, alg
 
 
 def token_logprobs(model, comps: Sequence[Completion], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) log-probs of the sampled tokens (from the ids kept on each Completion) and the
-    (B, T) completion mask."""
-    from pofe.logprobs import build_batch
-    from pofe.logprobs import token_logprobs as _lp
+    """(B, W) log-probs of the sampled tokens (from the ids kept on each Completion) and the (B, W)
+    completion mask, W = the longest completion: a left-padded batch whose logits are computed
+    only over the completions (:func:`pofe.logprobs.completion_token_logprobs`)."""
+    from pofe.logprobs import build_batch, completion_token_logprobs
 
-    b = build_batch([c.prompt_token_ids for c in comps], [c.token_ids for c in comps], pad_token_id=pad_id)
+    b = build_batch([c.prompt_token_ids for c in comps], [c.token_ids for c in comps], pad_token_id=pad_id,
+                    padding_side="left")
+    width = max(1, max(len(c.token_ids) for c in comps))
     dev = next(model.parameters()).device
     b.input_ids, b.attention_mask, b.completion_mask = (t.to(dev) for t in (b.input_ids, b.attention_mask, b.completion_mask))
-    lp = _lp(model, b)
-    return lp, b.completion_mask.to(lp.dtype)
+    lp = completion_token_logprobs(model, b, width)
+    return lp, b.completion_mask[:, -width:].to(lp.dtype)
 
 
 # ----------------------------------------------------------------------------- reward sources

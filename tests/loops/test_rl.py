@@ -309,3 +309,29 @@ def test_direct_rlaif_with_the_expected_score_judge_logs_the_score_distribution(
     dist = row["judge"]["mean_distribution"]
     assert len(dist) == 10 and sum(dist) == pytest.approx(1.0, abs=1e-3)
     assert 0.0 <= row["judge"]["top_of_scale_share"] <= 1.0
+
+
+def test_token_logprobs_over_the_completions_only_equal_a_full_forward(tiny_model, tokenizer):
+    """rl's per-token log-probs come from a left-padded batch whose logits cover only the
+    completions; summed under their mask they equal log p(completion | prompt) from a plain
+    forward of each sequence alone, and each row keeps its own tokens (mask counts)."""
+    import torch
+
+    from pofe.records import Completion
+    from pofe.training.rl import token_logprobs
+
+    comps = [Completion(prompt="a", text="", token_ids=(11, 12, 13), prompt_token_ids=(5, 6, 7, 8, 9)),
+             Completion(prompt="b", text="", token_ids=(21,), prompt_token_ids=(5,)),
+             Completion(prompt="c", text="", token_ids=(31, 32, 33, 34, 35), prompt_token_ids=(7, 8))]
+    tiny_model.eval()
+    with torch.no_grad():
+        lp, mask = token_logprobs(tiny_model, comps, tokenizer.pad_token_id)
+        got = (lp * mask).sum(-1)
+        want = []
+        for c in comps:
+            ids = torch.tensor([list(c.prompt_token_ids) + list(c.token_ids)])
+            full = torch.log_softmax(tiny_model(input_ids=ids).logits[0, :-1].float(), -1)
+            tgt = ids[0, 1:]
+            want.append(float(full.gather(-1, tgt[:, None])[-len(c.token_ids):].sum()))
+    assert lp.shape == mask.shape == (3, 5) and mask.sum(-1).tolist() == [3, 1, 5]
+    assert torch.allclose(got, torch.tensor(want), atol=1e-5), (got, want)
