@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pofe.logprobs import build_batch, token_logprobs
+from pofe.logprobs import build_batch, completion_token_logprobs
 from pofe.models import apply_chat_template
 from pofe.records import SFTExample
 from pofe.training.guards import check_finite
@@ -70,12 +70,16 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
 
 def response_nll(model, items: Sequence[Tokenized], pad_token_id: int) -> tuple[torch.Tensor, int]:
     """Summed negative log-likelihood of the response tokens (prompt and padding masked via
-    ``build_batch``'s completion mask) and the number of response tokens."""
-    batch = build_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_token_id=pad_token_id)
+    ``build_batch``'s completion mask) and the number of response tokens. Left-padded, with logits
+    only over the responses (:func:`pofe.logprobs.completion_token_logprobs`): the prompt's
+    positions are never scored, so their vocabulary projection is skipped."""
+    batch = build_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_token_id=pad_token_id,
+                        padding_side="left")
     dev = next(model.parameters()).device
     batch = type(batch)(*(x.to(dev) for x in (batch.input_ids, batch.attention_mask, batch.completion_mask)))
-    lp = token_logprobs(model, batch)
-    mask = batch.completion_mask.to(lp.dtype)
+    width = max(1, max(len(t.response_ids) for t in items))
+    lp = completion_token_logprobs(model, batch, width)
+    mask = batch.completion_mask[:, -width:].to(lp.dtype)
     return -(lp * mask).sum(), int(mask.sum().item())
 
 

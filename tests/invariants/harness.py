@@ -139,3 +139,18 @@ def one_run_folder(work: Path, name: str) -> None:
 def final_weights(run_dir: Path) -> Path:
     """``final/model.safetensors`` of a run (self-reward's final/ may be a link to iter_T/model)."""
     return Path(run_dir) / "final" / "model.safetensors"
+
+
+def one_and_two_processes(cmd, tmp_path: Path, model_dir, over: dict) -> tuple[Any, Any]:
+    """The same config run as one process ("one") and as two ("two"), side by side; both must
+    succeed and the second must record 2 processes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        f1 = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, model_dir, "one", over))
+        f2 = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, model_dir, "two", over), processes=2)
+        one, two = f1.result(), f2.result()
+    for r in (one, two):
+        assert r.rc == 0, r.stderr[-3000:]
+    assert summary(two.run_dir)["processes"] == 2
+    return one, two

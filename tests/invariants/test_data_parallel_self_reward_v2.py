@@ -13,12 +13,10 @@ counted on both runs, and rank 0 writes each stage file once, one row per prompt
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 import configs
-from harness import assert_same_rows, rows, run_pofe, summary
+from harness import assert_same_rows, one_and_two_processes, rows, summary
 from pofe.training.meta_rewarding import length_controlled_pairs
 from pofe.training.self_reward_variants import replace_chosen
 
@@ -30,14 +28,7 @@ SAME = {"candidates.sampling.batch_size": 1, "eval.sampling.batch_size": 1, "can
 
 
 def _both(tmp_path, tiny_model_dir, over: dict):
-    with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "one", over))
-        f2 = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "two", over), processes=2)
-        one, two = f1.result(), f2.result()
-    for r in (one, two):
-        assert r.rc == 0, r.stderr[-3000:]
-    assert summary(two.run_dir)["processes"] == 2
-    return one, two
+    return one_and_two_processes(CMD, tmp_path, tiny_model_dir, over)
 
 
 def test_future_guided_chosen_two_processes(tmp_path, tiny_model_dir):

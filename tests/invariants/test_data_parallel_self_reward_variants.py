@@ -11,12 +11,10 @@ pair's chosen is one of M2's candidates and its rejected the worst of M1's.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 import configs
-from harness import assert_same_rows, rows, run_pofe, summary
+from harness import assert_same_rows, one_and_two_processes, rows, summary
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +24,7 @@ CMD = configs.COMMANDS["self-reward"]
 def test_variants_two_processes_equal_one(tmp_path, tiny_model_dir):
     over = {"candidates.sampling.batch_size": 1, "eval.sampling.batch_size": 1, "candidates.chunk": 1,
             "iterations": 3, "cream.enabled": True, "temporal.anchor": "m1", "selection.enabled": False}
-    with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "one", over))
-        f2 = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "two", over), processes=2)
-        one, two = f1.result(), f2.result()
-    for r in (one, two):
-        assert r.rc == 0, r.stderr[-3000:]
+    one, two = one_and_two_processes(CMD, tmp_path, tiny_model_dir, over)
     name = "iter_3/data/anchor_candidates.jsonl"
     assert_same_rows(rows(two.run_dir / name), rows(one.run_dir / name), name)
     anchor = rows(two.run_dir / name)
