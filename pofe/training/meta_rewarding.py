@@ -75,6 +75,11 @@ class MetaJudgeSettings(PofeConfig):
     least S_max - rho (S_max - S_min); the rejected is the worst-scored (the longest among equal worst).
     0 = best vs worst."""
 
+    @field_validator("judge", mode="before")
+    @classmethod
+    def _rubric_by_default(cls, v):
+        return {"kind": "rubric", **v} if isinstance(v, dict) and "kind" not in v else v  # the one kind it can be
+
     @field_validator("judge")
     @classmethod
     def _k_judgments(cls, v):
