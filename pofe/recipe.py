@@ -62,6 +62,8 @@ class RunContext:
     """Steps already done (the checkpoint's step; 0 for a new run)."""
     state: dict[str, Any] = field(default_factory=dict)
     """The recipe's own checkpoint state (``Recipe.checkpoint_state`` when it was written)."""
+    mean: bool = False
+    """Under DeepSpeed ZeRO: the recipe's gradients are averaged over processes (``shard(mean=True)``)."""
 
     @property
     def dp(self):
@@ -91,10 +93,12 @@ class RunContext:
         return self.dp.sharded
 
     def shard(self, model, *, mean: bool = False):
-        """``model`` sharded over the processes under an FSDP2 launch, else ``model`` itself: called
+        """``model`` sharded over the processes under an FSDP2 launch, else ``model`` itself (under
+        DeepSpeed ZeRO the driver builds the engine once setup has built the optimiser): called
         once the model is on its device and before its optimiser is built (sharding replaces the
         parameters). Gradients are summed over processes (``mean``: averaged, as DDP does)."""
-        if not self.sharded:
+        self.mean = mean  # under ZeRO the driver builds the engine after setup, around the optimiser
+        if not self.sharded or self.dp.zero:
             return model
         from pofe.training.sharding import shard_model
 
@@ -252,6 +256,14 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     collective) and kept by rank 0 to write in the one checkpoint format; else nothing (read at save)."""
     if not run.sharded or recipe.model is None:
         return {}
+    if run.dp.zero:
+        from pofe.training import zero
+
+        names = {n for n, p in recipe.model.module.named_parameters() if p.requires_grad}
+        out = {"model_state": zero.full_model_state(recipe.model, names, keep=run.main)}
+        if recipe.optimizer is not None:
+            out["optimizer_state"] = zero.full_optimizer_state(recipe.optimizer, keep=run.main)
+        return out
     from pofe.training.sharding import full_model_state, full_optimizer_state
 
     model = recipe.unwrapped()
@@ -260,6 +272,18 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     if recipe.optimizer is not None:
         out["optimizer_state"] = full_optimizer_state(model, recipe.optimizer, keep=run.main)
     return out
+
+
+def _zero_engine(run: RunContext, recipe: Recipe) -> None:
+    """Under DeepSpeed ZeRO, the recipe's model and optimiser become the engine (forward passes
+    through it) and its :class:`pofe.training.zero.ZeroOptimizer`, built from what setup made
+    (the scheduler stays on the torch optimiser inside). Nothing otherwise."""
+    if not run.dp.zero or recipe.model is None or recipe.optimizer is None:
+        return
+    from pofe.training import zero
+
+    clip = getattr(getattr(recipe.cfg, "optim", None), "grad_clip", None)
+    recipe.model, recipe.optimizer = zero.initialize(recipe.model, recipe.optimizer, grad_clip=clip, mean=run.mean)
 
 
 def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
@@ -323,7 +347,7 @@ def _processes(run: RunContext, recipe: Recipe) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"processes": run.world}
     if run.sharded:
-        out["sharding"] = "FSDP2"  # one copy of the weights, split: nothing to compare
+        out["sharding"] = run.dp.sharding  # one copy of the weights, split: nothing to compare
     elif run.world > 1 and recipe.model is not None:
         from pofe.training.parallel import weights_identical
 
@@ -338,7 +362,11 @@ def _final(run: RunContext, recipe: Recipe, step: int) -> Path | None:
     from pofe.training.checkpoints import final_complete
 
     plain = None
-    if run.sharded and recipe.model is not None:
+    if run.dp.zero and recipe.model is not None:
+        from pofe.training import zero
+
+        plain = zero.plain_copy(recipe.model, main=run.main)
+    elif run.sharded and recipe.model is not None:
         from pofe.training.sharding import plain_copy
 
         plain = plain_copy(recipe.unwrapped(), main=run.main)
@@ -386,6 +414,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     step = 0
     try:
         recipe.setup(run)
+        _zero_engine(run, recipe)
         if run.resumed:
             _load(run, recipe)
             if run.main:

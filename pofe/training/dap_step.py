@@ -13,7 +13,8 @@ from pofe.training.dap import DapResult, TokenPair, dap_backward
 from pofe.training.guards import check_finite
 from pofe.training.ledger import loss_row
 from pofe.training.metrics import step_metrics
-from pofe.training.parallel import gather, reduce_sum
+from pofe.training.parallel import gather, reduce_sum, stepped_grad_norm
+from pofe.training.zero import ZeroOptimizer
 
 
 def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, loss_fn, beta: float, pad_token_id: int,
@@ -33,9 +34,11 @@ def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, los
         for ps in res.pairs:
             check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
         t_opt = time.perf_counter()
-        if cfg.optim.grad_clip:
+        if cfg.optim.grad_clip and not isinstance(optimizer, ZeroOptimizer):
             grad_norm = float(acc.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip))
         optimizer.step()
+        if cfg.optim.grad_clip:
+            grad_norm = stepped_grad_norm(optimizer, grad_norm)  # ZeRO: DeepSpeed clipped in its step
         times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
     optimizer.zero_grad(set_to_none=True)
     return res, grad_norm

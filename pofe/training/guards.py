@@ -63,7 +63,7 @@ class MultiProcessRefused(PofeError):
 
 
 class ShardingRefused(PofeError):
-    """The launcher asked for sharded parameters (FSDP, DeepSpeed ZeRO-3), which pofe does not train with."""
+    """The launcher asked for sharding (FSDP, DeepSpeed ZeRO) that this command or config does not train with."""
 
     exit_code = 2
 
@@ -78,8 +78,10 @@ def requested_sharding(environ=None) -> str | None:
     env = os.environ if environ is None else environ
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         return f"FSDP{env.get('FSDP_VERSION', '1')}"
-    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
-        return "DeepSpeed ZeRO-3"
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        # every stage: ZeRO-1/2 keep whole parameters but partition the optimiser state (and
+        # gradients), which a plain data-parallel run would silently not do
+        return f"DeepSpeed ZeRO-{env.get('ACCELERATE_DEEPSPEED_ZERO_STAGE') or '?'}"
     return None
 
 

@@ -25,11 +25,12 @@ log = logging.getLogger(__name__)
 
 def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool = False):
     """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there),
-    always a plain data-parallel one. A sharded launch (FSDP, ZeRO-3) is refused
+    always a plain data-parallel one. A sharded launch (FSDP, DeepSpeed ZeRO) is refused
     (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU accelerate drops it
     without a word) unless ``sharded``: the training commands that shard the model themselves
     (:mod:`pofe.training.sharding`, which has already refused what cannot run) -- accelerate then
-    does not see the FSDP request, so that it neither drops it on CPU nor wraps the model its way."""
+    does not see the FSDP / DeepSpeed request, so that it neither drops it on CPU nor wraps the
+    model its way."""
     import os
 
     from accelerate import Accelerator
@@ -41,12 +42,12 @@ def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool
     if not sharded:
         refuse_sharding(command)
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    hidden = os.environ.pop("ACCELERATE_USE_FSDP", None) if sharded else None
+    hidden = {k: os.environ.pop(k) for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+              if sharded and k in os.environ}  # pofe builds the FSDP2 / DeepSpeed model itself
     try:
         acc = Accelerator(cpu=cpu)
     finally:
-        if hidden is not None:
-            os.environ["ACCELERATE_USE_FSDP"] = hidden
+        os.environ.update(hidden)
     ds = getattr(acc.state, "deepspeed_plugin", None)
     if acc.distributed_type == DistributedType.FSDP or (ds is not None and getattr(ds, "zero_stage", 0) == 3):
         raise NotImplementedError(f"{command} samples from the current policy, which needs whole parameters: "
@@ -152,7 +153,22 @@ class DataParallel:
         number of forward/backward passes."""
         from pofe.training.sharding import active
 
-        return self.acc is not None and active(self.world)
+        return self.acc is not None and (active(self.world) or self.zero)
+
+    @property
+    def zero(self) -> bool:
+        """Whether the model trains under DeepSpeed ZeRO (:mod:`pofe.training.zero`; also
+        :attr:`sharded`): the engine reduces the gradients in ``backward`` and clips them in its step."""
+        from pofe.training import zero
+
+        return self.acc is not None and zero.active(self.world)
+
+    @property
+    def sharding(self) -> str | None:
+        """The sharding this run trains with (``"FSDP2"``, ``"DeepSpeed ZeRO-3"``, ...), or None."""
+        from pofe.training.guards import requested_sharding
+
+        return requested_sharding() if self.sharded else None
 
     @property
     def device(self):
@@ -238,7 +254,10 @@ class DataParallel:
 
     def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
         """Clip to ``max_norm``; returns the pre-clip norm of the whole gradient (with sharded
-        gradients, every process's shards together)."""
+        gradients, every process's shards together). Under ZeRO nothing and None: DeepSpeed clips
+        in its step (:func:`stepped_grad_norm` reads the norm after it)."""
+        if self.zero:
+            return None
         from pofe.training.sharding import clip_grad_norm
 
         return clip_grad_norm(params, max_norm)
@@ -246,6 +265,15 @@ class DataParallel:
     def wait(self) -> None:
         if self.world > 1:
             self.acc.wait_for_everyone()
+
+
+def stepped_grad_norm(optimizer, norm: float | None) -> float | None:
+    """The pre-clip gradient norm of the step just taken: DeepSpeed's own under ZeRO (it clips
+    inside ``optimizer.step()``, :class:`pofe.training.zero.ZeroOptimizer`), else ``norm`` (the
+    one :meth:`DataParallel.clip_grad_norm` returned before the step)."""
+    from pofe.training.zero import ZeroOptimizer
+
+    return optimizer.grad_norm if isinstance(optimizer, ZeroOptimizer) and norm is None else norm
 
 
 def launched(device: str = "auto", *, command: str) -> DataParallel:

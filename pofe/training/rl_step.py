@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pofe.generation import SamplingConfig
-from pofe.training.parallel import DataParallel, merge_metrics
+from pofe.training.parallel import DataParallel, merge_metrics, stepped_grad_norm
 from pofe.training.precision import autocast
 from pofe.training.rl import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
                               token_logprobs)
@@ -83,6 +83,8 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
+    if cfg.optim.grad_clip:
+        gn = stepped_grad_norm(optimizer, gn)  # ZeRO: DeepSpeed clipped in its step
     t3 = time.perf_counter()
     r, valid, total, k1, k3, ent = (torch.tensor(dp.cat(x.tolist())) for x in (r, valid, total, k1, k3, ent))
     rv = r[valid]

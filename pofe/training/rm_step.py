@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training.parallel import DataParallel
+from pofe.training.parallel import DataParallel, stepped_grad_norm
 from pofe.training.precision import autocast
 from pofe.training.reward_model import pair_prompt, rewards
 
@@ -55,6 +55,8 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
+    if cfg.optim.grad_clip:
+        gn = stepped_grad_norm(optimizer, gn)  # ZeRO: DeepSpeed clipped in its step
     k = len(batch)
     chosen, rejected = (torch.tensor(dp.cat(v.detach().cpu().tolist())) for v in (r[:k], r[k:]))
     m, p = chosen - rejected, torch.tensor(dp.cat([q.p for q in batch]))

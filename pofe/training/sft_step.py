@@ -20,7 +20,7 @@ from pofe.models import apply_chat_template
 from pofe.records import SFTExample
 from pofe.training.guards import check_finite
 from pofe.training.optim import trainable_parameters
-from pofe.training.parallel import DataParallel
+from pofe.training.parallel import DataParallel, stepped_grad_norm
 from pofe.training.precision import Precision, autocast
 
 
@@ -108,5 +108,7 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
     check_finite(total_nll, step=step, detail=detail)
     optimizer.step()
     scheduler.step()
+    if grad_clip is not None:
+        grad_norm = stepped_grad_norm(optimizer, grad_norm)  # ZeRO: DeepSpeed clipped in its step
     return {"loss": total_nll / n_tok, "learning_rate": lr, "grad_norm": grad_norm, "num_tokens": int(n_tok),
             "eft_share": dp.sum(sum(x.source == "eft" for x in items)) / dp.sum(len(items))}

@@ -29,8 +29,9 @@ LoRA trains sharded too (the adapter is split with its layers; checkpoints hold 
 ``final/`` the adapter and the merged model); a LoRA policy that samples pushes base + merged
 adapter, gathered whole (``sampling.vllm.lora_sync=merged``).
 
-Refused with one line (exit 2) before any model loads (:func:`refuse_unsupported`): FSDP1 and
-DeepSpeed ZeRO-3, commands that do not train, sampling from the sharded policy with transformers
+DeepSpeed ZeRO (stages 1-3) is the other sharded path (:mod:`pofe.training.zero`); the refusals
+below apply to it too. Refused with one line (exit 2) before any model loads
+(:func:`refuse_unsupported`): FSDP1, commands that do not train, sampling from the sharded policy with transformers
 ``generate`` (``sampling.engine=hf``), which would need every process to call ``generate`` in
 lockstep, a served engine (``vllm-server``), ``mode=async``, and a LoRA policy that would push
 its adapter alone (``lora_sync`` other than ``merged``: the adapter file is written from the
@@ -67,41 +68,45 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
     if kind == "FSDP1":
         raise ShardingRefused(f"{name}: FSDP1 is not supported; use FSDP2 (fsdp_version: 2, "
                               "examples/accelerate/fsdp2.yaml)")
-    if kind != "FSDP2":
+    if kind != "FSDP2" and not kind.startswith("DeepSpeed ZeRO-"):
         raise ShardingRefused(f"{name} does not train with {kind}; use FSDP2 (examples/accelerate/fsdp2.yaml) "
                               "or launch it data-parallel (examples/accelerate/ddp-gpus.yaml)")
     env = os.environ if environ is None else environ
-    if env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() in ("true", "1"):
+    if kind == "FSDP2" and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() in ("true", "1"):
         # transformers then loads the weights on rank 0 only (the others' would be empty) and
         # expects FSDP to broadcast them; pofe shards each process's own loaded copy
         raise ShardingRefused(f"{name}: fsdp_cpu_ram_efficient_loading is not supported (every process loads the "
                               "model, then shards it); set it to false in the accelerate config")
     if command not in TRAINED_SHARDED:
-        raise ShardingRefused(f"{name} does not train sharded parameters (FSDP2 asked by the launcher): launch it "
+        raise ShardingRefused(f"{name} does not train sharded parameters ({kind} asked by the launcher): launch it "
                               "data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
+    if kind != "FSDP2":
+        from pofe.training import zero
+
+        zero.refuse_unsupported(name, kind, cfg, environ)
     model = getattr(cfg, "model", None)
     lora = model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False))
     samples = command == "rl" or (command == "online" and getattr(cfg, "mode", "offline") != "offline")
     if lora and samples and cfg.sampling.vllm.lora_sync != "merged":
-        raise ShardingRefused(f"{name}: a LoRA policy under FSDP2 pushes its weights merged (gathered whole); set "
+        raise ShardingRefused(f"{name}: a LoRA policy under {kind} pushes its weights merged (gathered whole); set "
                               f"sampling.vllm.lora_sync=merged (was {cfg.sampling.vllm.lora_sync})")
     if samples:
         engine = cfg.sampling.engine
         if engine == "hf":
-            raise ShardingRefused(f"{name} under FSDP2 cannot sample with transformers generate "
+            raise ShardingRefused(f"{name} under {kind} cannot sample with transformers generate "
                                   "(sampling.engine=hf): set sampling.engine to vllm or vllm-server")
         if engine != "vllm":
-            raise ShardingRefused(f"{name} under FSDP2 pushes gathered weights to an in-process engine only: set "
+            raise ShardingRefused(f"{name} under {kind} pushes gathered weights to an in-process engine only: set "
                                   f"sampling.engine=vllm (was {engine}), or launch it data-parallel")
         if getattr(cfg, "mode", None) == "async":
-            raise ShardingRefused(f"{name} under FSDP2: mode=async samples in a background thread, out of step with "
+            raise ShardingRefused(f"{name} under {kind}: mode=async samples in a background thread, out of step with "
                                   "the other processes' weight gathers; use mode=online or iterative")
     if getattr(getattr(cfg, "diagnostics", None), "offpolicy", False):
-        raise ShardingRefused(f"{name} under FSDP2: diagnostics.offpolicy scores each process's own pairs with the "
+        raise ShardingRefused(f"{name} under {kind}: diagnostics.offpolicy scores each process's own pairs with the "
                               "sharded policy out of step with the others; set diagnostics.offpolicy=false")
     evaluation = getattr(cfg, "eval", None)
     if command == "online" and getattr(evaluation, "enabled", False):
-        raise ShardingRefused(f"{name} under FSDP2: eval.enabled samples the sharded policy with transformers "
+        raise ShardingRefused(f"{name} under {kind}: eval.enabled samples the sharded policy with transformers "
                               "generate; set eval.enabled=false")
 
 

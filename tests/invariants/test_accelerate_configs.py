@@ -8,10 +8,15 @@
   into plain ``MULTI_CPU`` on CPU), the same weights as ``torchrun`` with the variables it
   exports; ``online`` sampling with transformers ``generate`` is refused before any model loads,
   with one line naming ``sampling.engine`` and exit 2, and leaves no run folder.
+* ``zero3.yaml`` and ``zero2.yaml`` train ``sft`` under DeepSpeed ZeRO (pofe builds the engine:
+  accelerate alone drops DeepSpeed on CPU), the same weights as ``torchrun`` with the variables
+  they export; ``zero3.yaml`` refuses HF ``generate`` as ``fsdp2.yaml`` does. Skipped, saying why,
+  without deepspeed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -94,6 +99,45 @@ def test_fsdp2_config_refuses_hf_generate_with_one_line_before_any_model_loads(t
     assert not run_dir.exists()
 
 
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="deepspeed is not installed (scripts/setup.sh installs deepspeed 0.19.8)")
+
+
+@pytest.mark.slow
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [3, 2])
+def test_zero_configs_train_sft_under_deepspeed_as_torchrun_does(stage, tmp_path, tiny_model_dir):
+    """``zero3.yaml`` / ``zero2.yaml`` run DeepSpeed (not dropped on CPU): the same final/ weights as
+    ``torchrun`` with the launcher variables they export (both 2 gloo processes, one thread each)."""
+    over = {"train.steps": 2, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 8)]}
+    path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
+    res = _accelerate(ACCEL / f"zero{stage}.yaml", "sft", "--config", str(path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref_path, ref_dir = _write(configs.sft(tmp_path, tiny_model_dir, "torchrun", over))
+    ref = torchrun("sft", "--config", str(ref_path), ACCELERATE_USE_DEEPSPEED="true",
+                   ACCELERATE_DEEPSPEED_ZERO_STAGE=str(stage))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["processes"] == 2 and s["sharding"] == f"DeepSpeed ZeRO-{stage}", s
+    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref_dir)))
+    assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
+    moved = max_abs_diff(weights(final_weights(run_dir)), weights(Path(tiny_model_dir) / "model.safetensors"))
+    assert moved > 1e-4  # else the equality proves nothing
+
+
+@needs_deepspeed
+def test_zero3_config_refuses_hf_generate_with_one_line_before_any_model_loads(tmp_path, tiny_model_dir):
+    path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "zero"))  # sampling.engine: hf (the default)
+    res = _accelerate(ACCEL / "zero3.yaml", "online", "--config", str(path), timeout=300)
+    assert res.returncode != 0
+    errors = [ln for ln in error_lines(res) if ln.startswith("error:")]
+    assert errors and all(e == errors[0] for e in errors), res.stderr[-3000:]  # the same one line from each process
+    assert "pofe online under DeepSpeed ZeRO-3 cannot sample with transformers generate (sampling.engine=hf)" in errors[0], errors
+    assert "exit code: 2" in res.stderr or "exitcode  : 2" in res.stderr, res.stderr[-3000:]
+    assert not [ln for ln in res.stderr.splitlines() if 'File "' in ln and f"{Path('pofe')}/" in ln], res.stderr[-3000:]
+    assert not run_dir.exists()
+
+
 def test_requested_sharding_reads_the_launcher_environment():
     from pofe.training.guards import ShardingRefused, refuse_sharding, requested_sharding
 
@@ -102,7 +146,9 @@ def test_requested_sharding_reads_the_launcher_environment():
     assert requested_sharding({"ACCELERATE_USE_FSDP": "True"}) == "FSDP1"
     assert requested_sharding({"ACCELERATE_USE_FSDP": "false"}) is None
     assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}) == "DeepSpeed ZeRO-3"
-    assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}) is None
+    # ZeRO-1/2 keep whole parameters but partition the optimiser state: asked for, not dropped
+    assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}) == "DeepSpeed ZeRO-2"
+    assert requested_sharding({"ACCELERATE_USE_DEEPSPEED": "true"}) == "DeepSpeed ZeRO-?"
     refuse_sharding("pofe sft", {})  # nothing asked: no error
     with pytest.raises(ShardingRefused) as e:
         refuse_sharding("pofe rm", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
@@ -111,10 +157,12 @@ def test_requested_sharding_reads_the_launcher_environment():
 
 def test_every_accelerate_example_is_valid_yaml_for_accelerate():
     files = sorted(ACCEL.glob("*.yaml"))
-    assert {f.name for f in files} >= {"ddp-cpu.yaml", "ddp-gpus.yaml", "fsdp2.yaml"}
+    assert {f.name for f in files} >= {"ddp-cpu.yaml", "ddp-gpus.yaml", "fsdp2.yaml", "zero2.yaml", "zero3.yaml"}
     for f in files:
         cfg = yaml.safe_load(f.read_text())
-        assert cfg["distributed_type"] in ("MULTI_GPU", "FSDP"), f
+        assert cfg["distributed_type"] in ("MULTI_GPU", "FSDP", "DEEPSPEED"), f
+        if cfg["distributed_type"] == "DEEPSPEED":
+            assert cfg["deepspeed_config"]["zero_stage"] == int(f.stem[-1]), f
         assert cfg["num_processes"] >= 2 and cfg["num_machines"] == 1, f
 
 

@@ -158,8 +158,8 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     ram = _refusal("sft", SFTConfig(), {**FSDP2, "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"})
     assert "fsdp_cpu_ram_efficient_loading is not supported" in ram, ram
     assert "FSDP1 is not supported; use FSDP2" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_FSDP": "true"})
-    zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
-    assert "does not train with DeepSpeed ZeRO-3" in _refusal("sft", SFTConfig(), zero3)
+    zero0 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "0"}  # ZeRO 1-3: test_zero.py
+    assert "DeepSpeed ZeRO-0 is not a ZeRO stage pofe trains with" in _refusal("sft", SFTConfig(), zero0)
     refuse_unsupported("sft", SFTConfig(model={"lora": {"enabled": True}}), FSDP2)  # trains sharded
     lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm"}))
     assert "set sampling.vllm.lora_sync=merged (was auto)" in lora, lora
