@@ -30,7 +30,9 @@ def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, los
     if n_global > 0:
         res = dap_backward(policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                            normaliser=n_global / world, pad_token_id=pad_token_id, backward=acc.backward, device=acc.device,
-                           no_sync=lambda: acc.no_sync(policy), lockstep=world > 1, precision=cfg.train.precision)
+                           # ZeRO reduces in every backward and accumulates until its step: no no_sync
+                           no_sync=None if isinstance(optimizer, ZeroOptimizer) else lambda: acc.no_sync(policy),
+                           lockstep=world > 1, precision=cfg.train.precision)
         for ps in res.pairs:
             check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
         t_opt = time.perf_counter()
