@@ -84,6 +84,11 @@ def is_peft(model) -> bool:
 
 
 def _unwrap(model):
+    from pofe.training.zero import engine_of
+
+    engine = engine_of(model)  # DeepSpeed ZeRO: forward passes and the weight gather go through the engine
+    if engine is not None:
+        return engine
     return getattr(model, "module", model) if not hasattr(model, "generate") else model
 
 
@@ -96,7 +101,12 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
 def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) in Hugging Face checkpoint naming. A PEFT model gives its *base*
     weights (``base_layer`` renamed back, adapter tensors dropped). A sharded model's tensors are
-    gathered whole (:func:`_whole`)."""
+    gathered whole (:func:`_whole`; a DeepSpeed ZeRO engine's by :func:`pofe.training.zero.whole_weights`)."""
+    from pofe.training.zero import engine_of, whole_weights
+
+    engine = engine_of(model)
+    if engine is not None:
+        return whole_weights(engine)
     if is_peft(model):
         out = []
         for k, v in model.get_base_model().state_dict().items():
@@ -123,8 +133,13 @@ def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
 
 
 def fingerprint(model) -> tuple:
-    """Changes whenever any parameter is updated in place (optimiser step, load_state_dict)."""
-    return (id(model),) + tuple(p._version for p in model.parameters())
+    """Changes whenever any parameter is updated in place (optimiser step, load_state_dict). A
+    DeepSpeed engine's step writes its partitions, not the parameters: its step count is in it."""
+    from pofe.training.zero import engine_of
+
+    engine = engine_of(model)
+    steps = (engine.global_steps,) if engine is not None else ()
+    return (id(model), *steps) + tuple(p._version for p in model.parameters())
 
 
 def adapters_disabled(model) -> bool:

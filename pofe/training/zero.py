@@ -37,6 +37,7 @@ other than 1-3, an optimiser other than AdamW, and LoRA (not yet trained under Z
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -124,7 +125,24 @@ class ZeroOptimizer:
 
 
 def is_engine(model) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine" or any(c.__name__ == "DeepSpeedEngine" for c in type(model).__mro__)
+    return any(c.__name__ == "DeepSpeedEngine" for c in type(model).__mro__)
+
+
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""module -> its engine: code that unwrapped the engine (accelerate's ``unwrap_model`` does) still
+finds it, to gather the weights and to forward through its hooks."""
+
+
+def engine_of(model):
+    """The DeepSpeed engine of ``model`` (the engine itself, or the module it wraps), else None."""
+    if model is None:
+        return None
+    if is_engine(model):
+        return model
+    try:
+        return _ENGINES.get(model)
+    except TypeError:  # not weak-referenceable: no engine
+        return None
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad_clip: float | None,
@@ -150,6 +168,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad
         "zero_allow_untested_optimizer": True,
     }
     engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+    _ENGINES[engine.module] = engine
     if not mean and world > 1:
         per_tensor = engine._backward_prologue_per_tensor  # DeepSpeed's own 1/gradient_accumulation_steps
 
@@ -179,6 +198,19 @@ def full_model_state(engine, names: set[str] | None = None, *, keep: bool = True
                 if keep:
                     sd[n] = p.detach().cpu().clone()
     return sd
+
+
+def whole_weights(engine) -> list[tuple[str, torch.Tensor]]:
+    """The engine's model as ``(name, tensor)`` in ``state_dict`` order and naming, every tensor
+    whole (ZeRO-3: gathered parameter by parameter, a collective, every process keeps the copy):
+    for the weight push to each process's own vLLM engine. Tied weights stay one tensor."""
+    out, seen = [], {}
+    for k, v in engine.module.state_dict(keep_vars=True).items():
+        if id(v) not in seen:
+            with _gathered(engine, [v] if hasattr(v, "ds_id") else []):
+                seen[id(v)] = v.detach().clone()
+        out.append((k, seen[id(v)]))
+    return out
 
 
 def full_optimizer_state(optimizer: ZeroOptimizer, *, keep: bool = True) -> dict[str, Any] | None:

@@ -177,3 +177,68 @@ def test_what_a_zero_launch_cannot_train_is_one_line():
     assert "LoRA is not trained under DeepSpeed ZeRO-3" in lora, lora
     assert "optim.name=adafactor is not trained under DeepSpeed ZeRO-3" in _refusal(
         "sft", SFTConfig(optim={"name": "adafactor"}), zero(3))
+
+
+# ----------------------------------------------------------------------------- sampling with vLLM
+
+@pytest.fixture
+def tiny64(tmp_path, tokenizer):
+    """A tiny random Llama whose head size (64) vLLM's CPU attention supports (16 is not)."""
+    from pofe.generation.vllm import vllm_available
+    from pofe.models import tiny_causal_lm
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vLLM not usable here: {why}")
+    d = tmp_path / "tiny64"
+    tiny_causal_lm(tokenizer, hidden_size=128, num_heads=2, seed=1).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
+
+
+@pytest.mark.slow
+def test_zero3_online_pushes_the_gathered_weights_to_each_process_engine(tmp_path, tiny64):
+    """Each process gathers the whole ZeRO-3 weights after every update and pushes them to its own
+    in-process vLLM engine; ``sampling.sync_check`` then scores fixed tokens on the engine and by
+    the trainer's own forward pass (through the engine, parameters gathered by its hooks) after
+    each push: the two agree to fp32 rounding only when the engine holds the updated weights."""
+    cfg = configs.online(tmp_path, tiny64, "vl", {"eval.enabled": False, "train.steps": 2, "optim.lr": 1e-2,
+                                                  "sampling.engine": "vllm", "sampling.sync_check.enabled": True,
+                                                  "sampling.sync_check.max_gap": 1e-3, "sampling.vllm": VLLM})
+    res = launched(("online",), config=cfg, timeout=600)
+    assert res.rc == 0, res.stderr[-3000:]
+    s = summary(res.run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "DeepSpeed ZeRO-3", s
+    got = rows(res.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert r["engine"] == "vllm" and r["sync/logp_gap"] < 1e-4, r
+    assert got[-1]["engine_syncs"] > got[0]["engine_syncs"] > 0  # a push after each update
+    base = weights(Path(tiny64) / "model.safetensors")
+    assert max_abs_diff(weights(final_weights(res.run_dir)), base) > 1e-3  # the pushed weights moved
+
+
+@pytest.mark.slow
+def test_zero3_rl_samples_from_the_pushed_weights(tmp_path, tiny64):
+    """``pofe rl`` under ZeRO-3: each process samples its prompts' groups on its own engine, which
+    holds the gathered weights after every update: ``sync/mismatch_kl`` (per sampled token, the
+    engine's log-prob minus the trainer's in the update's own pass) is fp32 rounding, and
+    ``sampling.sync_check`` (max_gap 1e-3, else the run fails) passed after every push."""
+    cfg = configs.rl(tmp_path, tiny64, "rl", {"data.prompts": configs.prompts_file(tmp_path, 12), "train.steps": 2,
+                                               "sampling.engine": "vllm", "sampling.vllm": VLLM,
+                                               "sampling.sync_check.enabled": True,
+                                               "sampling.sync_check.max_gap": 1e-3})
+    res = launched(("rl",), config=cfg, timeout=600)
+    assert res.rc == 0, res.stderr[-3000:]
+    s = summary(res.run_dir)
+    assert s["processes"] == 2 and s["sharding"] == "DeepSpeed ZeRO-3", s
+    assert s["eval_before"]["n"] == s["eval_after"]["n"] > 0
+    got = rows(res.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert abs(r["sync/mismatch_kl"]) < 1e-4, r
+    base = weights(Path(tiny64) / "model.safetensors")
+    assert max_abs_diff(weights(final_weights(res.run_dir)), base) > 1e-4
