@@ -8,7 +8,8 @@
 #      online steps/s with vLLM generation + LoRA adapter sync (length judge, so the judge is
 #      not what is timed), and weight-sync seconds for LoRA adapters and full weights,
 #   4. with 2+ GPUs: online sharded with FSDP2 on 2 processes, each pushing the gathered weights to
-#      its own in-process vLLM engine (s/step, sync seconds, logp gap per push, peak GPU memory).
+#      its own in-process vLLM engine (s/step, sync seconds, logp gap per push, peak GPU memory);
+#      the same under DeepSpeed ZeRO-3 (fp32).
 # Run from the repository root:  bash benchmarks/device_check.sh   (output also in $OUT/device_check.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,7 +91,38 @@ EOF2
   fi
   kill "$SMI" 2>/dev/null || true
   awk -F', ' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] FSDP2 + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/fsdp2-mem.csv"
+  # DeepSpeed ZeRO-3 (pofe builds the engine from its model and AdamW; the launcher variables ask for it, as
+  # examples/accelerate/zero3.yaml does), each process pushing the gathered weights to its own vLLM engine.
+  # fp32 weights: pofe passes DeepSpeed no bf16/fp16 section (its fp32 path is the one tested on CPU).
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation deepspeed==0.19.8 \
+    && "$VENV/bin/pip" install --quiet --disable-pip-version-check einops hjson msgpack ninja psutil py-cpuinfo \
+    || echo "[check] deepspeed 0.19.8 did not install"
+  echo "[check] ZeRO-3 + vLLM push, 2 processes (one GPU each), qwen2-0.5b-shape, fp32, full fine-tuning, length judge"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/zero3-mem.csv" &
+  SMI=$!
+  if ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=3 timeout 300 "$PY" -m torch.distributed.run \
+      --standalone --nproc_per_node 2 -m pofe online --set model.name="$OUT/qwen2-0.5b-shape" --set model.device=cuda \
+      --set model.dtype=float32 --set judge.kind=length --set sampling.engine=vllm --set sampling.vllm.dtype=float32 \
+      --set sampling.sync_check.enabled=true --set eval.enabled=false --set train.steps=4 --set train.batch_size=4 \
+      --set log.progress=false --set run.output_dir="$OUT/runs" --set run.name=zero3-vllm > "$OUT/zero3-vllm.log" 2>&1; then
+    "$PY" - "$OUT/runs/zero3-vllm" <<'EOF3'
+import json, statistics, sys
+run = sys.argv[1]
+rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+s = json.load(open(f"{run}/summary.json"))
+def med(key):  # the median without the first step (engine start-up)
+    vals = [r[key] for r in (rows[1:] or rows) if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
+print(f"[check] ZeRO-3 + vLLM: sharding={s.get('sharding')} processes={s.get('processes')} steps={len(rows)} "
+      f"s/step={med('time_step')} sync s={med('time_sync')} engine_syncs={rows[-1].get('engine_syncs')} "
+      f"logp_gap={[r.get('sync/logp_gap') for r in rows]}")
+EOF3
+  else
+    echo "[check] ZeRO-3 + vLLM run failed (tail of $OUT/zero3-vllm.log):"; tail -20 "$OUT/zero3-vllm.log"
+  fi
+  kill "$SMI" 2>/dev/null || true
+  awk -F', ' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] ZeRO-3 + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/zero3-mem.csv"
 else
-  echo "[check] FSDP2 + vLLM push skipped: $NGPU GPU visible (sharding needs 2 processes, one GPU each)"
+  echo "[check] FSDP2 and ZeRO-3 + vLLM push skipped: $NGPU GPU visible (sharding needs 2 processes, one GPU each)"
 fi
 echo "[check] done in $(( $(date +%s) - t_start )) s (steps/s = 1 / seconds_per_step; sync seconds = the 'sync' split)"

@@ -6,7 +6,7 @@ ACCELERATE_DEEPSPEED_ZERO_STAGE=3``):
 * ``sft``, ``rm`` and ``online`` mode=offline on 2 ZeRO-3 processes with ``train.batch_size`` B
   each equal 1 plain process with 2B (the same global batch), with the tolerances of
   ``test_fsdp2.py`` (weights to lr/10, step 1's loss and gradient norm to 1e-5 relative, later
-  steps 1e-3); ``sft`` under ZeRO-2 likewise. rm's last step of each epoch holds one pair, so one
+  steps 1e-3); ``sft`` under ZeRO-2 and ZeRO-1 likewise. rm's last step of each epoch holds one pair, so one
   process runs only a zero-weight pass (ZeRO-3 gathers parameters in every forward).
 * the checkpoint is pofe's one format (the one-process run's tensor names and shapes), and a
   SIGKILLed ZeRO-3 run resumed under ZeRO-3 ends with the uninterrupted run's weights.
@@ -55,6 +55,7 @@ EQUAL = {
     "zero3-rm": (3, "rm", {}),
     "zero3-online": (3, "online", OFFLINE),  # DAP; pi_0 a whole frozen copy on each process; 2 micro-batches
     "zero2-sft": (2, "sft", {"train.steps": 3}),
+    "zero1-sft": (1, "sft", {"train.steps": 3}),
 }
 
 
