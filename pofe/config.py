@@ -283,7 +283,8 @@ def _error_key(err: dict[str, Any], data: Any) -> str:
 
 
 def _format_error(e: ValidationError, source: str, data: Any = None) -> str:
-    err = e.errors()[0]
+    err = dict(e.errors()[0])
+    err["msg"] = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     key = _error_key(err, data)
     if err["type"] == "union_tag_invalid":
         msg = f"bad value for '{key}': unknown kind {err['ctx']['tag']!r}; choose one of {err['ctx']['expected_tags']}"
@@ -295,6 +296,8 @@ def _format_error(e: ValidationError, source: str, data: Any = None) -> str:
         msg = f"missing required key '{key}'"
     elif err["type"] == "bool_for_number":
         msg = f"bad value for '{key}': {err['msg']} (got {err['ctx']['value']!r})"
+    elif isinstance(err.get("input"), (dict, list)):  # a whole section's check: its message names the keys,
+        msg = f"bad value for '{key}': {err['msg']}"    # and the section's every value would bury it
     else:
         msg = f"bad value for '{key}': {err['msg']} (got {err.get('input')!r})"
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""

@@ -195,3 +195,18 @@ def test_cli_print_config_has_comments():
     res = runner.invoke(app, ["chat", "hi", "--print-config"])
     assert res.exit_code == 0, res.output
     assert "\n# " in "\n" + res.output or "\n  # " in res.output
+
+
+def test_a_section_check_is_one_short_line_without_the_section_dumped():
+    """A check over a whole section (a model validator) fails with its own message, without
+    pydantic's "Value error, " prefix and without every value of the section after it."""
+    from pofe.generation.base import SamplingConfig
+
+    class Cfg(PofeConfig):
+        sampling: SamplingConfig = SamplingConfig()
+
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, None, ["sampling.sync_check.enabled=true"])
+    msg = str(e.value)
+    assert msg == ("--set sampling.sync_check.enabled=true: bad value for 'sampling': sync_check is only used with "
+                   "engines vllm and vllm-server (hf samples from the trained tensors themselves)")
