@@ -260,7 +260,7 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
         from pofe.training import zero
 
         names = {n for n, p in recipe.model.module.named_parameters() if p.requires_grad}
-        out = {"model_state": zero.full_model_state(recipe.model, names, keep=run.main)}
+        out = {"model_state": zero.full_model_state(recipe.model, names, keep=run.main, master=True)}
         if recipe.optimizer is not None:
             out["optimizer_state"] = zero.full_optimizer_state(recipe.optimizer, keep=run.main)
         return out

@@ -28,7 +28,9 @@ What changes (the driver swaps ``recipe.model`` / ``recipe.optimizer`` for the e
 * checkpoints stay pofe's one format (whole weights and a torch ``AdamW`` state dict, rank 0
   writes): gathered with ``GatheredParameters`` and ``safe_get_full_optimizer_state``, restored
   with ``safe_set_full_*``; a ZeRO run resumes exactly from its own checkpoints and its
-  checkpoints load anywhere.
+  checkpoints load anywhere. Weights held in bf16 (``model.dtype``) are updated through an fp32
+  master copy of each partition (DeepSpeed's, where one plain process updates the bf16 weights
+  themselves), and the checkpoint holds that fp32 copy.
 
 Refused with one line (exit 2) besides FSDP2's refusals: DeepSpeed not installed, a stage
 other than 1-3, an optimiser other than AdamW, and LoRA (not yet trained under ZeRO).
@@ -187,13 +189,23 @@ def _gathered(engine, params: list[torch.nn.Parameter], modifier_rank: int | Non
     return ds.zero.GatheredParameters(params, modifier_rank=modifier_rank, enabled=stage() == 3)
 
 
-def full_model_state(engine, names: set[str] | None = None, *, keep: bool = True) -> dict[str, torch.Tensor]:
+def full_model_state(engine, names: set[str] | None = None, *, keep: bool = True,
+                     master: bool = False) -> dict[str, torch.Tensor]:
     """The whole trained weights on CPU (those in ``names`` when given), parameter by parameter (a
     collective under ZeRO-3: every process gathers); only a process that ``keep``s them holds the
-    copy."""
+    copy. ``master``: a trained parameter held in bf16/fp16 gives DeepSpeed's fp32 master copy
+    instead (what the next step updates), so that a checkpoint resumes exactly; it still loads
+    into the model's dtype anywhere."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
     sd: dict[str, torch.Tensor] = {}
     for n, p in engine.module.named_parameters():
         if names is None or n in names:
+            if master and p.requires_grad and p.dtype != torch.float32:
+                whole = safe_get_full_fp32_param(p)  # a collective, as the gather
+                if keep:
+                    sd[n] = whole.detach().cpu().clone().view(getattr(p, "ds_shape", p.shape))
+                continue
             with _gathered(engine, [p]):
                 if keep:
                     sd[n] = p.detach().cpu().clone()

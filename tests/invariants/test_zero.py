@@ -127,8 +127,11 @@ def test_two_zero_processes_equal_one_with_the_same_global_batch(case, tmp_path,
 
 
 @pytest.mark.slow
-def test_zero3_sigkill_then_resume_equals_the_uninterrupted_zero3_run(tmp_path, tiny_model_dir):
-    over = _over("sft", tmp_path)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_zero3_sigkill_then_resume_equals_the_uninterrupted_zero3_run(dtype, tmp_path, tiny_model_dir):
+    """bf16 weights: DeepSpeed updates an fp32 master copy of each partition, which the checkpoint
+    holds (fp32 tensors where the weights are bf16), so the resumed run continues from it exactly."""
+    over = {**_over("sft", tmp_path), "model.dtype": dtype}
     with ThreadPoolExecutor(2) as pool:
         f_full = pool.submit(launched, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "full", over))
         f_crash = pool.submit(launched, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "crash", over),
@@ -143,6 +146,10 @@ def test_zero3_sigkill_then_resume_equals_the_uninterrupted_zero3_run(tmp_path, 
     assert ident, f"final/ weights differ after a ZeRO-3 resume (max |diff| {diff:.3g})"
     s = summary(crash.run_dir)
     assert s["resumed_from"] == 2 and s["sharding"] == "DeepSpeed ZeRO-3"
+    final = weights(final_weights(crash.run_dir))
+    assert {str(v.dtype) for v in final.values()} == {f"torch.{dtype}"}
+    ckpt = weights(crash.run_dir / "checkpoints" / "step-4" / "model.safetensors")
+    assert {str(v.dtype) for v in ckpt.values()} == {"torch.float32"}  # the fp32 masters
 
 
 # ----------------------------------------------------------------------------- refusals (no processes)
