@@ -32,8 +32,10 @@ What changes (the driver swaps ``recipe.model`` / ``recipe.optimizer`` for the e
   master copy of each partition (DeepSpeed's, where one plain process updates the bf16 weights
   themselves), and the checkpoint holds that fp32 copy.
 
-Refused with one line (exit 2) besides FSDP2's refusals: DeepSpeed not installed, a stage
-other than 1-3, an optimiser other than AdamW, and LoRA (not yet trained under ZeRO).
+LoRA trains under ZeRO for sft, rm and online mode=offline (checkpoints hold the adapter,
+``final/`` the adapter and the merged model). Refused with one line (exit 2) besides FSDP2's
+refusals: DeepSpeed not installed, a stage other than 1-3, an optimiser other than AdamW, and a
+LoRA policy that samples (its merged push would gather the partitioned adapter: not built yet).
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ def refuse_unsupported(name: str, kind: str, cfg: Any, environ=None) -> None:
         raise ShardingRefused(f"{name}: optim.name={optim} is not trained under {kind}; set optim.name=adamw or use "
                               "FSDP2 (examples/accelerate/fsdp2.yaml)")
     model = getattr(cfg, "model", None)
-    if model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False)):
-        raise ShardingRefused(f"{name}: LoRA is not trained under {kind}; use FSDP2 "
-                              "(examples/accelerate/fsdp2.yaml) or set model.lora.enabled=false")
+    lora = model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False))
+    samples = name == "pofe rl" or (name == "pofe online" and getattr(cfg, "mode", "offline") != "offline")
+    if lora and samples:  # the merged push would gather the partitioned adapter: not built yet
+        raise ShardingRefused(f"{name}: a LoRA policy that samples is not trained under {kind}; use FSDP2 "
+                              "(examples/accelerate/fsdp2.yaml), or train it without LoRA")
 
 
 def _deepspeed():
@@ -305,13 +309,15 @@ def _adam_state(engine, inner: torch.optim.Optimizer) -> None:
 def plain_copy(engine, *, main: bool):
     """An unsharded copy of the engine's model holding its whole weights on rank 0 (``main``), for
     ``final/``; None on the other processes. Every process gathers (a collective)."""
+    from pofe.training.sharding import _unsharded_twin
+
     module = engine.module
     full = full_model_state(engine, keep=main)
     if not main:
         return None
     buffers = {n: b.detach().cpu().clone() for n, b in module.named_buffers()}
     dtype = next((v.dtype for v in full.values() if v.is_floating_point()), torch.float32)
-    plain = type(module)(module.config).to(dtype)
+    plain = _unsharded_twin(module).to(dtype)  # a LoRA (peft) model: the same adapter config on a new base
     plain.load_state_dict({**buffers, **full}, strict=False)
     missing = set(dict(plain.named_parameters())) - set(full)
     if missing:

@@ -48,12 +48,16 @@ LR = 1e-3
 ATOL = LR / 10
 RTOL, RTOL_LATER = 1e-5, 1e-3
 
+LORA = {"model.lora.enabled": True, "model.lora.r": 4}
 OFFLINE = {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2, "optim.warmup_steps": 0}
 # case -> (stage, command, overrides); one process trains batch 4, each of two ZeRO processes batch 2
 EQUAL = {
     "zero3-sft": (3, "sft", {"train.steps": 3}),
     "zero3-rm": (3, "rm", {}),
     "zero3-online": (3, "online", OFFLINE),  # DAP; pi_0 a whole frozen copy on each process; 2 micro-batches
+    "zero3-sft-lora": (3, "sft", {"train.steps": 3, **LORA}),  # the adapter partitioned with the base
+    "zero3-rm-lora": (3, "rm", LORA),
+    "zero3-online-lora": (3, "online", {**OFFLINE, **LORA}),  # pi_0: the policy with its adapter off
     "zero2-sft": (2, "sft", {"train.steps": 3}),
     "zero1-sft": (1, "sft", {"train.steps": 3}),
 }
@@ -180,8 +184,10 @@ def test_what_a_zero_launch_cannot_train_is_one_line():
     assert "pofe label does not train sharded parameters (DeepSpeed ZeRO-2 asked" in _refusal("label", None, zero(2))
     assert "DeepSpeed ZeRO-0 is not a ZeRO stage" in _refusal("sft", SFTConfig(), zero(0))
     assert "DeepSpeed ZeRO-? is not a ZeRO stage" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_DEEPSPEED": "true"})
-    lora = _refusal("sft", SFTConfig(model={"lora": {"enabled": True}}), zero(3))
-    assert "LoRA is not trained under DeepSpeed ZeRO-3" in lora, lora
+    refuse_unsupported("sft", SFTConfig(model={"lora": {"enabled": True}}), zero(3))  # LoRA trains
+    lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm",
+                                                                               "vllm": {"lora_sync": "merged"}}), zero(3))
+    assert "pofe rl: a LoRA policy that samples is not trained under DeepSpeed ZeRO-3" in lora, lora
     assert "optim.name=adafactor is not trained under DeepSpeed ZeRO-3" in _refusal(
         "sft", SFTConfig(optim={"name": "adafactor"}), zero(3))
 
