@@ -120,12 +120,19 @@ def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
 def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
     """A PEFT LoRA model's weights with the active adapter folded in (W + scale * B @ A), as new
     tensors in HF naming; the model itself is left unmerged (training continues on it)."""
+    from contextlib import nullcontext
+
+    from pofe.training.zero import engine_of, gathered
+
+    engine = engine_of(model)  # ZeRO-3: the adapter's A and B are gathered whole for the delta (a collective)
     deltas: dict[str, torch.Tensor] = {}
     for name, m in model.get_base_model().named_modules():
         if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer"):
             for a in m.active_adapters:
                 if a in getattr(m, "lora_A", {}):
-                    deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + _whole(m.get_delta_weight(a))
+                    ab = [m.lora_A[a].weight, m.lora_B[a].weight]
+                    with gathered(engine, ab) if engine is not None else nullcontext():
+                        deltas[name + ".weight"] = deltas.get(name + ".weight", 0) + _whole(m.get_delta_weight(a))
     out = [(k, v + deltas.pop(k).to(v.dtype) if k in deltas else v) for k, v in hf_weights(model)]
     if deltas:  # an adapted tensor with no checkpoint name: pushing the rest would sample wrong weights
         raise EngineSyncError(f"cannot merge LoRA into {sorted(deltas)[:3]}: no such checkpoint tensor")

@@ -32,10 +32,10 @@ What changes (the driver swaps ``recipe.model`` / ``recipe.optimizer`` for the e
   master copy of each partition (DeepSpeed's, where one plain process updates the bf16 weights
   themselves), and the checkpoint holds that fp32 copy.
 
-LoRA trains under ZeRO for sft, rm and online mode=offline (checkpoints hold the adapter,
-``final/`` the adapter and the merged model). Refused with one line (exit 2) besides FSDP2's
-refusals: DeepSpeed not installed, a stage other than 1-3, an optimiser other than AdamW, and a
-LoRA policy that samples (its merged push would gather the partitioned adapter: not built yet).
+LoRA trains under ZeRO too (checkpoints hold the adapter, ``final/`` the adapter and the merged
+model); a LoRA policy that samples pushes base + merged adapter, gathered whole
+(``sampling.vllm.lora_sync=merged``, as under FSDP2). Refused with one line (exit 2) besides
+FSDP2's refusals: DeepSpeed not installed, a stage other than 1-3, an optimiser other than AdamW.
 """
 
 from __future__ import annotations
@@ -83,11 +83,6 @@ def refuse_unsupported(name: str, kind: str, cfg: Any, environ=None) -> None:
         raise ShardingRefused(f"{name}: optim.name={optim} is not trained under {kind}; set optim.name=adamw or use "
                               "FSDP2 (examples/accelerate/fsdp2.yaml)")
     model = getattr(cfg, "model", None)
-    lora = model is not None and (getattr(model, "adapter", None) or getattr(getattr(model, "lora", None), "enabled", False))
-    samples = name == "pofe rl" or (name == "pofe online" and getattr(cfg, "mode", "offline") != "offline")
-    if lora and samples:  # the merged push would gather the partitioned adapter: not built yet
-        raise ShardingRefused(f"{name}: a LoRA policy that samples is not trained under {kind}; use FSDP2 "
-                              "(examples/accelerate/fsdp2.yaml), or train it without LoRA")
 
 
 def _deepspeed():
@@ -188,7 +183,9 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad
 
 # ----------------------------------------------------------------------------- full state
 
-def _gathered(engine, params: list[torch.nn.Parameter], modifier_rank: int | None = None):
+def gathered(engine, params: list[torch.nn.Parameter], modifier_rank: int | None = None):
+    """``params`` whole inside the block under ZeRO-3 (a collective; ``modifier_rank``: that
+    process's changes are partitioned back on exit); nothing under ZeRO-1/2, whose parameters are whole."""
     ds = _deepspeed()
     return ds.zero.GatheredParameters(params, modifier_rank=modifier_rank, enabled=stage() == 3)
 
@@ -210,22 +207,27 @@ def full_model_state(engine, names: set[str] | None = None, *, keep: bool = True
                 if keep:
                     sd[n] = whole.detach().cpu().clone().view(getattr(p, "ds_shape", p.shape))
                 continue
-            with _gathered(engine, [p]):
+            with gathered(engine, [p]):
                 if keep:
                     sd[n] = p.detach().cpu().clone()
     return sd
 
 
 def whole_weights(engine) -> list[tuple[str, torch.Tensor]]:
-    """The engine's model as ``(name, tensor)`` in ``state_dict`` order and naming, every tensor
-    whole (ZeRO-3: gathered parameter by parameter, a collective, every process keeps the copy):
-    for the weight push to each process's own vLLM engine. Tied weights stay one tensor."""
+    """The engine's model as ``(name, tensor)`` in ``state_dict`` order and naming (a LoRA model:
+    its base weights in HF naming, as :func:`pofe.generation.vllm.hf_weights`), every tensor whole
+    (ZeRO-3: gathered parameter by parameter, a collective, every process keeps the copy): for the
+    weight push to each process's own vLLM engine. Tied weights stay one tensor."""
+    module = engine.module
+    peft = hasattr(module, "peft_config") and hasattr(module, "get_base_model")
     out, seen = [], {}
-    for k, v in engine.module.state_dict(keep_vars=True).items():
+    for k, v in (module.get_base_model() if peft else module).state_dict(keep_vars=True).items():
+        if peft and ("lora_" in k or "modules_to_save" in k):  # a LoRA model's base, in HF naming
+            continue
         if id(v) not in seen:
-            with _gathered(engine, [v] if hasattr(v, "ds_id") else []):
+            with gathered(engine, [v] if hasattr(v, "ds_id") else []):
                 seen[id(v)] = v.detach().clone()
-        out.append((k, seen[id(v)]))
+        out.append((k.replace(".base_layer.", ".") if peft else k, seen[id(v)]))
     return out
 
 
@@ -264,7 +266,7 @@ def load_full_state(engine, sd: dict[str, torch.Tensor] | None, optimizer: ZeroO
     params = dict(engine.module.named_parameters())
     for n, p in params.items():
         if sd and n in sd:
-            with _gathered(engine, [p], modifier_rank=0), torch.no_grad():
+            with gathered(engine, [p], modifier_rank=0), torch.no_grad():
                 p.data.copy_(sd[n].to(p.dtype).view_as(p.data))
             safe_set_full_fp32_param(p, sd[n].to(torch.float32))
     if optimizer is None or osd is None:

@@ -185,9 +185,10 @@ def test_what_a_zero_launch_cannot_train_is_one_line():
     assert "DeepSpeed ZeRO-0 is not a ZeRO stage" in _refusal("sft", SFTConfig(), zero(0))
     assert "DeepSpeed ZeRO-? is not a ZeRO stage" in _refusal("sft", SFTConfig(), {"ACCELERATE_USE_DEEPSPEED": "true"})
     refuse_unsupported("sft", SFTConfig(model={"lora": {"enabled": True}}), zero(3))  # LoRA trains
-    lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm",
-                                                                               "vllm": {"lora_sync": "merged"}}), zero(3))
-    assert "pofe rl: a LoRA policy that samples is not trained under DeepSpeed ZeRO-3" in lora, lora
+    lora = _refusal("rl", RLConfig(model={"lora": {"enabled": True}}, sampling={"engine": "vllm"}), zero(3))
+    assert "set sampling.vllm.lora_sync=merged (was auto)" in lora, lora  # the adapter alone is not pushed
+    refuse_unsupported("rl", RLConfig(model={"lora": {"enabled": True}},
+                                      sampling={"engine": "vllm", "vllm": {"lora_sync": "merged"}}), zero(3))
     assert "optim.name=adafactor is not trained under DeepSpeed ZeRO-3" in _refusal(
         "sft", SFTConfig(optim={"name": "adafactor"}), zero(3))
 
@@ -213,14 +214,18 @@ VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
 
 
 @pytest.mark.slow
-def test_zero3_online_pushes_the_gathered_weights_to_each_process_engine(tmp_path, tiny64):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-merged"])
+def test_zero3_online_pushes_the_gathered_weights_to_each_process_engine(lora, tmp_path, tiny64):
     """Each process gathers the whole ZeRO-3 weights after every update and pushes them to its own
     in-process vLLM engine; ``sampling.sync_check`` then scores fixed tokens on the engine and by
     the trainer's own forward pass (through the engine, parameters gathered by its hooks) after
-    each push: the two agree to fp32 rounding only when the engine holds the updated weights."""
+    each push: the two agree to fp32 rounding only when the engine holds the updated weights. With
+    LoRA the push is the base weights plus the merged adapter, both gathered whole."""
+    over = {"model.lora.enabled": True, "model.lora.r": 4, "sampling.vllm": {**VLLM, "lora_sync": "merged"}} \
+        if lora else {"sampling.vllm": VLLM}
     cfg = configs.online(tmp_path, tiny64, "vl", {"eval.enabled": False, "train.steps": 2, "optim.lr": 1e-2,
                                                   "sampling.engine": "vllm", "sampling.sync_check.enabled": True,
-                                                  "sampling.sync_check.max_gap": 1e-3, "sampling.vllm": VLLM})
+                                                  "sampling.sync_check.max_gap": 1e-3, **over})
     res = launched(("online",), config=cfg, timeout=600)
     assert res.rc == 0, res.stderr[-3000:]
     s = summary(res.run_dir)
