@@ -82,7 +82,6 @@ def refuse_unsupported(name: str, kind: str, cfg: Any, environ=None) -> None:
     if optim != "adamw":  # checkpoints gather and restore Adam's moments (exp_avg, exp_avg_sq)
         raise ShardingRefused(f"{name}: optim.name={optim} is not trained under {kind}; set optim.name=adamw or use "
                               "FSDP2 (examples/accelerate/fsdp2.yaml)")
-    model = getattr(cfg, "model", None)
 
 
 def _deepspeed():
