@@ -307,18 +307,28 @@ def _adam_state(engine, inner: torch.optim.Optimizer) -> None:
                 st[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def _twin(module):
+    """A new instance of ``module``'s architecture (its weights to be loaded): the transformers
+    class from its config, and for a LoRA (peft) model the same adapter config on it."""
+    if hasattr(module, "peft_config") and hasattr(module, "get_base_model"):
+        from peft import get_peft_model
+
+        base = module.get_base_model()
+        name, cfg = next(iter(module.peft_config.items()))
+        return get_peft_model(type(base)(base.config), cfg, adapter_name=name)
+    return type(module)(module.config)
+
+
 def plain_copy(engine, *, main: bool):
     """An unsharded copy of the engine's model holding its whole weights on rank 0 (``main``), for
     ``final/``; None on the other processes. Every process gathers (a collective)."""
-    from pofe.training.sharding import _unsharded_twin
-
     module = engine.module
     full = full_model_state(engine, keep=main)
     if not main:
         return None
     buffers = {n: b.detach().cpu().clone() for n, b in module.named_buffers()}
     dtype = next((v.dtype for v in full.values() if v.is_floating_point()), torch.float32)
-    plain = _unsharded_twin(module).to(dtype)  # a LoRA (peft) model: the same adapter config on a new base
+    plain = _twin(module).to(dtype)
     plain.load_state_dict({**buffers, **full}, strict=False)
     missing = set(dict(plain.named_parameters())) - set(full)
     if missing:
