@@ -53,6 +53,12 @@ fi
 if "${pip[@]}" --no-deps --no-build-isolation deepspeed==0.19.8 >/dev/null 2>&1 \
     && "${pip[@]}" einops hjson msgpack ninja psutil py-cpuinfo >/dev/null 2>&1; then
   echo "[setup] deepspeed 0.19.8 installed (ZeRO stages 1-3)"
+  # On CPU DeepSpeed compiles its shared-memory communication op (ninja, g++; ~25 s) the first time
+  # a process group starts, into ~/.cache/torch_extensions: built here, once, so no run pays it.
+  if ! command -v nvidia-smi >/dev/null 2>&1 && ! DS_ACCELERATOR=cpu .venv/bin/python -c \
+      "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1; then
+    echo "[setup] deepspeed's CPU communication op did not build: ZeRO runs on CPU may fail to start"
+  fi
 else
   echo "[setup] deepspeed 0.19.8 did not install: DeepSpeed launches are refused and its tests skip"
 fi
