@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -83,7 +84,9 @@ def vllm_serve(model: str | Path, log: Path, *args: str, dev_mode: bool = False,
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), *args]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # its own process group: the server forks an engine-core process (and that a worker), which
+        # outlive a SIGKILL of the server alone, holding GBs for the rest of the session
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -100,9 +103,18 @@ def vllm_serve(model: str | Path, log: Path, *args: str, dev_mode: bool = False,
             time.sleep(1)
         yield SimpleNamespace(url=url, proc=proc, log=log)
     finally:
-        proc.terminate()
+        kill_group(proc, signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        kill_group(proc, signal.SIGKILL)  # whatever of the group is left (the engine core, its worker)
+        proc.wait()
+
+
+def kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group of a server started by :func:`vllm_serve` (all its processes)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # the whole group is gone already
+        pass

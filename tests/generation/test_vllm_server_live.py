@@ -13,6 +13,7 @@ started once."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from tests.generation.conftest import PROMPTS, free_port, vllm_serve
+from tests.generation.conftest import PROMPTS, free_port, kill_group, vllm_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm_ok")]
 
@@ -258,7 +259,7 @@ def test_a_killed_server_fails_the_next_call_naming_it(served, tiny64_dir, token
     model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
     s = _sampling(served.url)
     generate(model, tokenizer, PROMPTS[:1], sampling=s)
-    served.proc.kill()
+    kill_group(served.proc, signal.SIGKILL)  # the server and its engine processes, as a crash would
     served.proc.wait(30)
     t0 = time.perf_counter()
     with pytest.raises(ServerError, match="is the server running") as e:

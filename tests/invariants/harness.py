@@ -154,3 +154,7 @@ def one_and_two_processes(cmd, tmp_path: Path, model_dir, over: dict) -> tuple[A
         assert r.rc == 0, r.stderr[-3000:]
     assert summary(two.run_dir)["processes"] == 2
     return one, two
+
+
+VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
+"""The in-process engine of the sharded weight-push tests: fp32, so a push is checked to fp32 rounding."""

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from _cli import torchrun
 from harness import (
+    VLLM,
     Result,
     final_weights,
     max_abs_diff,
@@ -195,22 +196,6 @@ def test_what_a_zero_launch_cannot_train_is_one_line():
 
 # ----------------------------------------------------------------------------- sampling with vLLM
 
-@pytest.fixture
-def tiny64(tmp_path, tokenizer):
-    """A tiny random Llama whose head size (64) vLLM's CPU attention supports (16 is not)."""
-    from pofe.generation.vllm import vllm_available
-    from pofe.models import tiny_causal_lm
-
-    ok, why = vllm_available()
-    if not ok:
-        pytest.skip(f"vLLM not usable here: {why}")
-    d = tmp_path / "tiny64"
-    tiny_causal_lm(tokenizer, hidden_size=128, num_heads=2, seed=1).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
-VLLM = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
 
 
 @pytest.mark.slow
