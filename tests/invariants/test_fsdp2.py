@@ -16,24 +16,17 @@ the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks 
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
 
 import configs
-from _cli import torchrun
+from sharded import ATOL, LORA, OFFLINE, RTOL, RTOL_LATER, launch_two, overrides
 from harness import VLLM, Result, final_weights, max_abs_diff, rows, run_pofe, same_weights, summary, weights
 
 FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
-LR = 1e-3
-ATOL = LR / 10
-RTOL, RTOL_LATER = 1e-5, 1e-3
 
-LORA = {"model.lora.enabled": True, "model.lora.r": 4}
-OFFLINE = {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2, "optim.warmup_steps": 0}
 # case -> (command, overrides); one process trains batch 4, each of two sharded processes batch 2
 EQUAL = {
     "sft": ("sft", {"train.steps": 3}),
@@ -46,38 +39,15 @@ EQUAL = {
 }
 
 
-def sharded(argv, *, config: dict | None = None, resume: Path | None = None, fault: str | None = None,
-            timeout: float = 300) -> Result:
+def sharded(argv, **kw) -> Result:
     """``pofe`` on 2 torchrun processes with FSDP2 asked (what the accelerate config exports)."""
-    extra = dict(FSDP2, **({"POFE_FAULT": fault} if fault else {}))
-    if config is not None:
-        run_dir = Path(config["run"]["output_dir"]) / config["run"]["name"]
-        path = run_dir.parent / f"{run_dir.name}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        args = [*argv, "--config", str(path)]
-    else:
-        run_dir, args = Path(resume), [*argv, "--resume", str(resume)]
-    p = torchrun(*args, nproc=2, timeout=timeout, **extra)
-    return Result(p.returncode, p.stdout, p.stderr, run_dir)
-
-
-def _preferences(work: Path) -> str:
-    path = work / "prefs.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"question {i}?", "chosen": "ok " * (i % 3 + 1),
-                                        "rejected": "no, " * (i % 4 + 2)}) + "\n" for i in range(16)))
-    return str(path)
-
-
-def _over(command: str, work: Path) -> dict:
-    data = {"sft": lambda: {"data.ift": [configs.ift_file(work, 12)]}, "rm": dict,
-            "online": lambda: {"data.preferences": _preferences(work)}}[command]()
-    return {"optim.lr": LR, **data}
+    return launch_two(argv, FSDP2, **kw)
 
 
 @pytest.mark.parametrize("case", list(EQUAL))  # about 20 s each: not marked slow
 def test_two_sharded_processes_equal_one_with_the_same_global_batch(case, tmp_path, tiny_model_dir):
     command, common = EQUAL[case]
-    over = {**common, **_over(command, tmp_path)}
+    over = {**common, **overrides(command, tmp_path)}
     fn, argv = configs.COMMANDS[command].config, configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
         f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
@@ -107,7 +77,7 @@ def test_two_sharded_processes_equal_one_with_the_same_global_batch(case, tmp_pa
 
 @pytest.mark.slow
 def test_sharded_sigkill_then_resume_equals_the_uninterrupted_sharded_run(tmp_path, tiny_model_dir):
-    over = _over("sft", tmp_path)
+    over = overrides("sft", tmp_path)
     with ThreadPoolExecutor(2) as pool:
         f_full = pool.submit(sharded, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "full", over))
         f_crash = pool.submit(sharded, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "crash", over),

@@ -17,14 +17,12 @@ Skipped, saying why, where deepspeed is not installed (scripts/setup.sh installs
 from __future__ import annotations
 
 import importlib.util
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import configs
 import pytest
-import yaml
-from _cli import torchrun
+from sharded import ATOL, LORA, OFFLINE, RTOL, RTOL_LATER, launch_two, overrides
 from harness import (
     VLLM,
     Result,
@@ -45,12 +43,6 @@ def zero(stage: int) -> dict[str, str]:
     return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage)}
 
 
-LR = 1e-3
-ATOL = LR / 10
-RTOL, RTOL_LATER = 1e-5, 1e-3
-
-LORA = {"model.lora.enabled": True, "model.lora.r": 4}
-OFFLINE = {"mode": "offline", "eval.enabled": False, "train.steps": 3, "train.grad_accum": 2, "optim.warmup_steps": 0}
 # case -> (stage, command, overrides); one process trains batch 4, each of two ZeRO processes batch 2
 EQUAL = {
     "zero3-sft": (3, "sft", {"train.steps": 3}),
@@ -64,38 +56,15 @@ EQUAL = {
 }
 
 
-def launched(argv, *, stage: int = 3, config: dict | None = None, resume: Path | None = None,
-             fault: str | None = None, timeout: float = 300) -> Result:
+def launched(argv, *, stage: int = 3, **kw) -> Result:
     """``pofe`` on 2 torchrun processes with ZeRO ``stage`` asked (what the accelerate config exports)."""
-    extra = dict(zero(stage), **({"POFE_FAULT": fault} if fault else {}))
-    if config is not None:
-        run_dir = Path(config["run"]["output_dir"]) / config["run"]["name"]
-        path = run_dir.parent / f"{run_dir.name}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        args = [*argv, "--config", str(path)]
-    else:
-        run_dir, args = Path(resume), [*argv, "--resume", str(resume)]
-    p = torchrun(*args, nproc=2, timeout=timeout, **extra)
-    return Result(p.returncode, p.stdout, p.stderr, run_dir)
-
-
-def _preferences(work: Path) -> str:
-    path = work / "prefs.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"question {i}?", "chosen": "ok " * (i % 3 + 1),
-                                        "rejected": "no, " * (i % 4 + 2)}) + "\n" for i in range(16)))
-    return str(path)
-
-
-def _over(command: str, work: Path) -> dict:
-    data = {"sft": lambda: {"data.ift": [configs.ift_file(work, 12)]}, "rm": dict,
-            "online": lambda: {"data.preferences": _preferences(work)}}[command]()
-    return {"optim.lr": LR, **data}
+    return launch_two(argv, zero(stage), **kw)
 
 
 @pytest.mark.parametrize("case", list(EQUAL))  # 11-18 s each here: not marked slow (as test_fsdp2.py's)
 def test_two_zero_processes_equal_one_with_the_same_global_batch(case, tmp_path, tiny_model_dir):
     stage, command, common = EQUAL[case]
-    over = {**common, **_over(command, tmp_path)}
+    over = {**common, **overrides(command, tmp_path)}
     fn, argv = configs.COMMANDS[command].config, configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
         f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
@@ -136,7 +105,7 @@ def test_two_zero_processes_equal_one_with_the_same_global_batch(case, tmp_path,
 def test_zero3_sigkill_then_resume_equals_the_uninterrupted_zero3_run(dtype, tmp_path, tiny_model_dir):
     """bf16 weights: DeepSpeed updates an fp32 master copy of each partition, which the checkpoint
     holds (fp32 tensors where the weights are bf16), so the resumed run continues from it exactly."""
-    over = {**_over("sft", tmp_path), "model.dtype": dtype}
+    over = {**overrides("sft", tmp_path), "model.dtype": dtype}
     with ThreadPoolExecutor(2) as pool:
         f_full = pool.submit(launched, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "full", over))
         f_crash = pool.submit(launched, ("sft",), config=configs.sft(tmp_path, tiny_model_dir, "crash", over),
