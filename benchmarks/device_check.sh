@@ -62,66 +62,47 @@ echo "[check] online steps, qwen2-0.5b-shape: vLLM generation + full-weight sync
 timeout 150 "$PY" benchmarks/online_step.py --model "$OUT/qwen2-0.5b-shape" --device cuda --dtype bfloat16 \
   --engine vllm --judge length --steps 6 || echo "[check] online full fine-tuning run failed"
 NGPU=$(nvidia-smi -L | grep -c "^GPU" || true)
-if [ "$NGPU" -ge 2 ]; then
-  # FSDP2 (pofe shards the policy itself; the launcher variables ask for it, as examples/accelerate/fsdp2.yaml
-  # does) with each process pushing the gathered whole weights to its own in-process vLLM engine after every
-  # step; sync_check scores fixed tokens on the engine and the trainer after each push (bf16: a few 0.01 nats).
-  echo "[check] FSDP2 + vLLM push, 2 processes (one GPU each), qwen2-0.5b-shape, bf16, full fine-tuning, length judge"
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/fsdp2-mem.csv" &
-  SMI=$!
-  if ACCELERATE_USE_FSDP=true FSDP_VERSION=2 timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
-      -m pofe online --set model.name="$OUT/qwen2-0.5b-shape" --set model.device=cuda --set model.dtype=bfloat16 \
-      --set judge.kind=length --set sampling.engine=vllm --set sampling.vllm.dtype=bfloat16 \
+# sharded_push NAME LABEL DTYPE VAR=VALUE...: `pofe online` on 2 processes (one GPU each) with the launcher
+# variables that ask for the sharding, each process pushing the gathered whole weights to its own in-process
+# vLLM engine after every step; sync_check scores fixed tokens on the engine and the trainer after each push.
+# Prints s/step, push seconds, the gaps and each GPU's peak memory.
+sharded_push() {
+  local name=$1 label=$2 dtype=$3; shift 3
+  echo "[check] $label + vLLM push, 2 processes (one GPU each), qwen2-0.5b-shape, $dtype, full fine-tuning, length judge"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/$name-mem.csv" &
+  local smi=$!
+  if env "$@" timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      -m pofe online --set model.name="$OUT/qwen2-0.5b-shape" --set model.device=cuda --set model.dtype="$dtype" \
+      --set judge.kind=length --set sampling.engine=vllm --set sampling.vllm.dtype="$dtype" \
       --set sampling.sync_check.enabled=true --set eval.enabled=false --set train.steps=4 --set train.batch_size=4 \
-      --set log.progress=false --set run.output_dir="$OUT/runs" --set run.name=fsdp2-vllm > "$OUT/fsdp2-vllm.log" 2>&1; then
-    "$PY" - "$OUT/runs/fsdp2-vllm" <<'EOF2'
+      --set log.progress=false --set run.output_dir="$OUT/runs" --set run.name="$name" > "$OUT/$name.log" 2>&1; then
+    "$PY" - "$OUT/runs/$name" "$label" <<'EOF2'
 import json, statistics, sys
-run = sys.argv[1]
+run, label = sys.argv[1], sys.argv[2]
 rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
 s = json.load(open(f"{run}/summary.json"))
 def med(key):  # the median without the first step (engine start-up)
     vals = [r[key] for r in (rows[1:] or rows) if r.get(key) is not None]
     return round(statistics.median(vals), 3) if vals else None
-print(f"[check] FSDP2 + vLLM: sharding={s.get('sharding')} processes={s.get('processes')} steps={len(rows)} "
+print(f"[check] {label} + vLLM: sharding={s.get('sharding')} processes={s.get('processes')} steps={len(rows)} "
       f"s/step={med('time_step')} sync s={med('time_sync')} engine_syncs={rows[-1].get('engine_syncs')} "
       f"logp_gap={[r.get('sync/logp_gap') for r in rows]}")
 EOF2
   else
-    echo "[check] FSDP2 + vLLM run failed (tail of $OUT/fsdp2-vllm.log):"; tail -20 "$OUT/fsdp2-vllm.log"
+    echo "[check] $label + vLLM run failed (tail of $OUT/$name.log):"; tail -20 "$OUT/$name.log"
   fi
-  kill "$SMI" 2>/dev/null || true
-  awk -F', ' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] FSDP2 + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/fsdp2-mem.csv"
-  # DeepSpeed ZeRO-3 (pofe builds the engine from its model and AdamW; the launcher variables ask for it, as
-  # examples/accelerate/zero3.yaml does), each process pushing the gathered weights to its own vLLM engine.
+  kill "$smi" 2>/dev/null || true
+  awk -F', ' -v label="$label" '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] " label " + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/$name-mem.csv"
+}
+if [ "$NGPU" -ge 2 ]; then
+  # FSDP2: pofe shards the policy itself (the variables examples/accelerate/fsdp2.yaml exports); bf16 gaps: a few 0.01 nats.
+  sharded_push fsdp2-vllm FSDP2 bfloat16 ACCELERATE_USE_FSDP=true FSDP_VERSION=2
+  # DeepSpeed ZeRO-3: pofe builds the engine from its model and AdamW (examples/accelerate/zero3.yaml's variables).
   # fp32 weights: pofe passes DeepSpeed no bf16/fp16 section (its fp32 path is the one tested on CPU).
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation deepspeed==0.19.8 \
     && "$VENV/bin/pip" install --quiet --disable-pip-version-check einops hjson msgpack ninja psutil py-cpuinfo \
     || echo "[check] deepspeed 0.19.8 did not install"
-  echo "[check] ZeRO-3 + vLLM push, 2 processes (one GPU each), qwen2-0.5b-shape, fp32, full fine-tuning, length judge"
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/zero3-mem.csv" &
-  SMI=$!
-  if ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=3 timeout 300 "$PY" -m torch.distributed.run \
-      --standalone --nproc_per_node 2 -m pofe online --set model.name="$OUT/qwen2-0.5b-shape" --set model.device=cuda \
-      --set model.dtype=float32 --set judge.kind=length --set sampling.engine=vllm --set sampling.vllm.dtype=float32 \
-      --set sampling.sync_check.enabled=true --set eval.enabled=false --set train.steps=4 --set train.batch_size=4 \
-      --set log.progress=false --set run.output_dir="$OUT/runs" --set run.name=zero3-vllm > "$OUT/zero3-vllm.log" 2>&1; then
-    "$PY" - "$OUT/runs/zero3-vllm" <<'EOF3'
-import json, statistics, sys
-run = sys.argv[1]
-rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
-s = json.load(open(f"{run}/summary.json"))
-def med(key):  # the median without the first step (engine start-up)
-    vals = [r[key] for r in (rows[1:] or rows) if r.get(key) is not None]
-    return round(statistics.median(vals), 3) if vals else None
-print(f"[check] ZeRO-3 + vLLM: sharding={s.get('sharding')} processes={s.get('processes')} steps={len(rows)} "
-      f"s/step={med('time_step')} sync s={med('time_sync')} engine_syncs={rows[-1].get('engine_syncs')} "
-      f"logp_gap={[r.get('sync/logp_gap') for r in rows]}")
-EOF3
-  else
-    echo "[check] ZeRO-3 + vLLM run failed (tail of $OUT/zero3-vllm.log):"; tail -20 "$OUT/zero3-vllm.log"
-  fi
-  kill "$SMI" 2>/dev/null || true
-  awk -F', ' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (i in m) print "[check] ZeRO-3 + vLLM: GPU " i " peak memory " m[i] " MiB" }' "$OUT/zero3-mem.csv"
+  sharded_push zero3-vllm ZeRO-3 float32 ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=3
 else
   echo "[check] FSDP2 and ZeRO-3 + vLLM push skipped: $NGPU GPU visible (sharding needs 2 processes, one GPU each)"
 fi
