@@ -85,20 +85,6 @@ def test_fsdp2_config_trains_sft_sharded_as_torchrun_does(tmp_path, tiny_model_d
     assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
 
 
-def test_fsdp2_config_refuses_hf_generate_with_one_line_before_any_model_loads(tmp_path, tiny_model_dir):
-    path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "fsdp"))  # sampling.engine: hf (the default)
-    res = _accelerate(ACCEL / "fsdp2.yaml", "online", "--config", str(path), timeout=300)
-    assert res.returncode != 0
-    errors = [ln for ln in error_lines(res) if ln.startswith("error:")]
-    assert errors and all(e == errors[0] for e in errors), res.stderr[-3000:]  # the same one line from each process
-    assert "pofe online under FSDP2 cannot sample with transformers generate (sampling.engine=hf)" in errors[0], errors
-    assert "set sampling.engine to vllm or vllm-server" in errors[0], errors
-    assert "exit code: 2" in res.stderr or "exitcode  : 2" in res.stderr, res.stderr[-3000:]
-    # the launcher prints its own ChildFailedError traceback; pofe's processes print none
-    assert not [ln for ln in res.stderr.splitlines() if 'File "' in ln and f"{Path('pofe')}/" in ln], res.stderr[-3000:]
-    assert not run_dir.exists()
-
-
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                      reason="deepspeed is not installed (scripts/setup.sh installs deepspeed 0.19.8)")
 
@@ -125,17 +111,23 @@ def test_zero_configs_train_sft_under_deepspeed_as_torchrun_does(stage, tmp_path
     assert moved > 1e-4  # else the equality proves nothing
 
 
-@needs_deepspeed
-def test_zero3_config_refuses_hf_generate_with_one_line_before_any_model_loads(tmp_path, tiny_model_dir):
-    path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "zero"))  # sampling.engine: hf (the default)
-    res = _accelerate(ACCEL / "zero3.yaml", "online", "--config", str(path), timeout=300)
+@pytest.mark.parametrize("config,kind", [
+    ("fsdp2.yaml", "FSDP2"),
+    pytest.param("zero3.yaml", "DeepSpeed ZeRO-3", marks=needs_deepspeed),
+])
+def test_sharded_config_refuses_hf_generate_with_one_line_before_any_model_loads(config, kind, tmp_path, tiny_model_dir):
+    path, run_dir = _write(configs.online(tmp_path, tiny_model_dir, "sharded"))  # sampling.engine: hf (the default)
+    res = _accelerate(ACCEL / config, "online", "--config", str(path), timeout=300)
     assert res.returncode != 0
     errors = [ln for ln in error_lines(res) if ln.startswith("error:")]
     assert errors and all(e == errors[0] for e in errors), res.stderr[-3000:]  # the same one line from each process
-    assert "pofe online under DeepSpeed ZeRO-3 cannot sample with transformers generate (sampling.engine=hf)" in errors[0], errors
+    assert f"pofe online under {kind} cannot sample with transformers generate (sampling.engine=hf)" in errors[0], errors
+    assert "set sampling.engine to vllm or vllm-server" in errors[0], errors
     assert "exit code: 2" in res.stderr or "exitcode  : 2" in res.stderr, res.stderr[-3000:]
+    # the launcher prints its own ChildFailedError traceback; pofe's processes print none
     assert not [ln for ln in res.stderr.splitlines() if 'File "' in ln and f"{Path('pofe')}/" in ln], res.stderr[-3000:]
     assert not run_dir.exists()
+
 
 
 def test_requested_sharding_reads_the_launcher_environment():
