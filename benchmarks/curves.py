@@ -10,19 +10,23 @@ compiled vLLM generator, bf16 training); TRL runs ``--trl`` (default ``--bf16``,
 CPU) through ``benchmarks/trl_online_shape.py``. TRL's Online DPO always samples two
 completions per prompt, so the samples axis has no TRL point beyond 2.
 
-The floor of a point is the bf16 FLOPs of pofe's work at that point over a bf16 matmul rate
-this script measures on this CPU (torch.matmul, 2048 x 2048, all threads): 2·N·tokens per
-forward token (N = policy parameters) and 3x that for forward + backward, over generation
-(every sample: prompt + new tokens), the judge (every comparison of a prompt's samples --
-the round-robin of k samples, k(k−1)/2 pairs -- in both orders: template + prompt + two
-responses), the reference forward and the policy forward + backward (the chosen and rejected
-sequence of each prompt). New tokens per sample are pofe's measured mean at the point (the
-model may stop before the limit). Attention's quadratic term and the optimiser are left out:
-a floor, not an estimate.
+The floor of a point is the bf16 FLOPs of the work at that point that no implementation can
+skip, over a bf16 matmul rate this script measures on this CPU (torch.matmul, 2048 x 2048, all
+threads): 2·N FLOPs per forward token (N = policy parameters) and 3x that for forward +
+backward. Each distinct token is counted once: generation prefills each prompt once and decodes
+every sample's new tokens; the judge reads every comparison of a prompt's samples (the
+round-robin of k samples, k(k−1)/2 pairs) in both orders, and since its template quotes the
+request before the replies, the template and each prompt are counted once and each read adds
+its two responses; the reference forward and the policy forward + backward run each prompt once
+and its two trained responses (the shared-prompt pass). New tokens per sample are pofe's
+measured mean at the point (the model may stop before the limit). Attention's quadratic term,
+the judge instruction after the replies and the optimiser are left out: a lower bound, not an
+estimate.
 
 Writes ``benchmarks/curves.json`` and ``benchmarks/curves.png`` and prints a markdown table.
 
-    python benchmarks/curves.py --rounds 2                 # the full grid (6 points, about 2 h on 2 cores)
+    python benchmarks/curves.py --rounds 2                 # the full grid (6 points; one round took 45 min on 2 cores)
+    python benchmarks/curves.py --from-json benchmarks/curves.json   # no runs: floors, table and plot again
     python benchmarks/curves.py --smoke                    # the bar point only, 2 steps, 1 round, to a temp dir
 """
 
@@ -95,11 +99,11 @@ def token_sizes() -> dict[str, float]:
 
 def floor(pt: dict, sizes: dict, new_tokens: float, gflops: float) -> dict:
     """Seconds of the bf16 FLOP floor of one step at ``pt`` (see the module docstring), per pass."""
-    b, k, n = pt["prompts"], pt["samples"], sizes["params"]
-    seq = sizes["prompt_tokens"] + new_tokens
-    tokens = {"generate": b * k * seq,
-              "judge": b * k * (k - 1) * (sizes["judge_template_tokens"] + sizes["prompt_tokens"] + 2 * new_tokens),
-              "reference": b * 2 * seq, "policy_fwd_bwd": b * 2 * seq}
+    b, k, n, prompt = pt["prompts"], pt["samples"], sizes["params"], sizes["prompt_tokens"]
+    reads = b * k * (k - 1)  # k(k-1)/2 pairs per prompt, both orders
+    tokens = {"generate": b * (prompt + k * new_tokens),
+              "judge": sizes["judge_template_tokens"] + b * prompt + reads * 2 * new_tokens,
+              "reference": b * (prompt + 2 * new_tokens), "policy_fwd_bwd": b * (prompt + 2 * new_tokens)}
     flops = {name: 2 * n * t * (3 if name == "policy_fwd_bwd" else 1) for name, t in tokens.items()}
     split = {name: f / (gflops * 1e9) for name, f in flops.items()}
     return {"seconds": sum(split.values()), "split_s": {k2: round(v, 4) for k2, v in split.items()}}
@@ -174,7 +178,12 @@ def main() -> None:
     ap.add_argument("--trl", default="--bf16", help="trl_bench.py flags")
     ap.add_argument("--out", default=None, help="folder for curves.json and curves.png (default: benchmarks/)")
     ap.add_argument("--smoke", action="store_true", help="the bar point only, 2 steps, 1 round, written to a temp dir")
+    ap.add_argument("--from-json", default=None, metavar="FILE",
+                    help="no runs: redo the floors, table and plot of a curves.json (its CPU's measured rate)")
     args = ap.parse_args()
+    if args.from_json:
+        replot(Path(args.from_json), Path(args.out) if args.out else None)
+        return
     axes = {k: (BAR[k],) for k in AXES} if args.smoke else AXES
     if args.smoke:
         args.rounds, args.steps = 1, 2
@@ -194,13 +203,25 @@ def main() -> None:
         print(f"point {pt}", flush=True)
         m = measure(pt, args.rounds, args.steps, pofe_flags, args.trl)
         rows.append({**pt, **m, "floor": floor(pt, sizes, m["pofe_new_tokens_per_sample"], gflops)})
+    write(out, {"cpu": cpu, "bf16_gflops": round(gflops, 1), **sizes, "pofe_flags": pofe_flags, "trl_flags": args.trl,
+                "rounds": args.rounds, "steps": args.steps, "points": rows})
+
+
+def write(out: Path, data: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "curves.json").write_text(json.dumps({"cpu": cpu, "bf16_gflops": round(gflops, 1), **sizes, "pofe_flags": pofe_flags,
-                                                 "trl_flags": args.trl, "rounds": args.rounds, "steps": args.steps,
-                                                 "points": rows}, indent=2) + "\n")
-    plot(rows, out / "curves.png", f"{cpu}; pofe: {pofe_flags}; TRL: {args.trl}")
-    print(table(rows))
+    (out / "curves.json").write_text(json.dumps(data, indent=2) + "\n")
+    plot(data["points"], out / "curves.png", f"{data['cpu']}; pofe: {data['pofe_flags']}; TRL: {data['trl_flags']}")
+    print(table(data["points"]))
     print(f"wrote {out / 'curves.json'} and {out / 'curves.png'}")
+
+
+def replot(src: Path, out: Path | None) -> None:
+    """The floors, table and plot of saved measurements, redone (same points, same CPU rate)."""
+    data = json.loads(src.read_text())
+    sizes = {k: data[k] for k in ("params", "prompt_tokens", "judge_template_tokens")}
+    for r in data["points"]:
+        r["floor"] = floor(r, sizes, r["pofe_new_tokens_per_sample"], data["bf16_gflops"])
+    write(out or src.parent, data)
 
 
 if __name__ == "__main__":

@@ -160,8 +160,14 @@ def adapters_disabled(model) -> bool:
 def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | None]:
     """A directory vLLM can load the (base) architecture and weights from: the model's own
     source directory when it has one, else a temporary ``save_pretrained`` copy."""
+    from pofe.models import EMBEDDED_MODELS, ensure_embedded_cache
+
     base = model.get_base_model() if is_peft(model) else model
     src = getattr(base.config, "_name_or_path", "") or getattr(base, "name_or_path", "")
+    if src in EMBEDDED_MODELS:  # loaded by name from its converted cache: that folder, not a fresh copy
+        # (one path per model is what lets the policy's generator and a pi_0 annotator with the same
+        # vLLM settings share one pooled engine)
+        src = str(ensure_embedded_cache(src))
     if src and os.path.isdir(src) and any(Path(src).glob("*.safetensors")) and (Path(src) / "config.json").exists():
         return src, None
     tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-model-")

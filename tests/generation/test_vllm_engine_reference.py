@@ -76,3 +76,41 @@ def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rc = read_jsonl(tmp_path / "crash" / "metrics.jsonl")
     assert [r["loss"] for r in rc] == [r["loss"] for r in re_]
+
+
+@pytest.mark.slow
+def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike(tmp_path, tiny64_dir):
+    """A pi_0 annotator whose vLLM settings equal the sampler's shares the sampler's engine: pi_0
+    is pushed before each judge read and the policy after it. Labels,
+    samples and losses are those of two separate engines (fp32: to float rounding)."""
+    from pofe.runs import read_jsonl
+    from tests._cli import pofe
+
+    own = pofe("online", *_args(tmp_path, tiny64_dir, "own"))
+    # the judge's context as the sampler's: one pooled engine
+    shared = pofe("online", *_args(tmp_path, tiny64_dir, "shared", "judge.vllm.max_model_len=768"))
+    assert own.returncode == 0 and shared.returncode == 0, (own.stderr[-2000:], shared.stderr[-2000:])
+    ro, rs = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("own", "shared"))
+    assert len(ro) == len(rs) == 4
+    assert [r["loss"] for r in rs] == pytest.approx([r["loss"] for r in ro], abs=1e-4)
+    # the engine start-up line: the sampler's and the judge's, or the one they share
+    assert own.stderr.count("vLLM engine for ") == 2 and shared.stderr.count("vLLM engine for ") == 1, (
+        own.stderr.count("vLLM engine for "), shared.stderr.count("vLLM engine for "))
+
+
+def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_dir, tokenizer, monkeypatch):
+    """The engine loads from the converted cache of an embedded model (one path per model, so a
+    sampler and a pi_0 annotator with the same settings pool one engine), not a fresh temp copy."""
+    from transformers import AutoModelForCausalLM
+
+    import pofe.models
+    from pofe.generation.vllm import _model_dir
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32)
+    model.config._name_or_path = "smollm2-135m-instruct"  # as load_model("smollm2-135m-instruct") leaves it
+    monkeypatch.setattr(pofe.models, "ensure_embedded_cache", lambda name: tiny64_dir)
+    assert _model_dir(model, tokenizer) == (str(tiny64_dir), None)
+    model.config._name_or_path = "not-a-model-folder"  # anything else without a folder: a saved copy
+    path, tmp = _model_dir(model, tokenizer)
+    assert tmp is not None and path == tmp.name and (tiny64_dir / "config.json").exists()
+    tmp.cleanup()
