@@ -176,7 +176,12 @@ class LazyGroup(TyperGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):  # a finished torchrun process
+                from pofe.training.parallel import leave_process_group
+
+                leave_process_group()
+            return result
         except (typer.Exit, typer.Abort, click.exceptions.ClickException, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -75,16 +74,6 @@ def register(app: typer.Typer) -> None:
         t0 = time.perf_counter()
         summary = run(cfg, resume=resume, require_audit=require_audit)
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
-        import torch.distributed as dist
-
-        # torchrun: leave cleanly (gloo can hang at exit otherwise). Only a group torchrun set up: an
-        # in-process vLLM engine initialises a one-process group of its own and tears it down at exit
-        # (destroying it here made that teardown print "Invalid process group specified").
-        # In-process vLLM engines under torchrun build their groups on torchrun's and tear them down at
-        # exit, which fails once that group is destroyed: then their teardown ends it.
-        engines = getattr(sys.modules.get("pofe.generation.vllm"), "_POOL", None)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and dist.is_initialized() and not engines:
-            dist.destroy_process_group()
         if int(os.environ.get("RANK", "0")) != 0:  # data-parallel: the main process reports
             return
         if json_out:

@@ -55,6 +55,26 @@ def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool
     return acc
 
 
+def leave_process_group() -> None:
+    """End a torchrun launch's process group once the command is done, on every process.
+
+    Why: left to interpreter exit, gloo's teardown races its own worker threads. A data-parallel
+    ``pofe label`` that had finished and written everything aborted there once in a full test run
+    (rank 1: "terminate called without an active exception", SIGABRT, so torchrun reported
+    failure), and ``pofe online`` could hang at exit. Not when in-process vLLM engines exist:
+    under torchrun they build their groups on this one and tear them down at exit, which fails
+    once it is destroyed (then their teardown ends it).
+    """
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    engines = getattr(sys.modules.get("pofe.generation.vllm"), "_POOL", None)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and dist.is_available() and dist.is_initialized() and not engines:
+        dist.destroy_process_group()
+
+
 def gather(acc, obj) -> list:
     """Objects from all processes (a list with one entry per process)."""
     if acc.num_processes == 1:
