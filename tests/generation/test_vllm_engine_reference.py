@@ -81,8 +81,8 @@ def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, t
 @pytest.mark.slow
 def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike(tmp_path, tiny64_dir):
     """A pi_0 annotator whose vLLM settings equal the sampler's shares the sampler's engine: pi_0
-    is pushed before each judge read and the policy after it. Labels,
-    samples and losses are those of two separate engines (fp32: to float rounding)."""
+    is pushed before each judge read and the policy after it. The losses are those of two
+    separate engines (fp32: to float rounding)."""
     from pofe.runs import read_jsonl
     from tests._cli import pofe
 
@@ -101,6 +101,8 @@ def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike
 def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_dir, tokenizer, monkeypatch):
     """The engine loads from the converted cache of an embedded model (one path per model, so a
     sampler and a pi_0 annotator with the same settings pool one engine), not a fresh temp copy."""
+    from pathlib import Path
+
     from transformers import AutoModelForCausalLM
 
     import pofe.models
@@ -112,5 +114,6 @@ def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_d
     assert _model_dir(model, tokenizer) == (str(tiny64_dir), None)
     model.config._name_or_path = "not-a-model-folder"  # anything else without a folder: a saved copy
     path, tmp = _model_dir(model, tokenizer)
-    assert tmp is not None and path == tmp.name and (tiny64_dir / "config.json").exists()
+    assert tmp is not None and path == tmp.name
+    assert (Path(path) / "config.json").exists() and (Path(path) / "model.safetensors").exists()
     tmp.cleanup()
