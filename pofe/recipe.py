@@ -392,13 +392,14 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     config into ``recipe.cfg``). ``run_dir``: write here instead of a new folder under ``cfg.run``
     (an existing checkpoint there is resumed; a finished folder returns its summary)."""
     from pofe.evaluation.audit import gate
-    from pofe.training.allocator import keep_freed_memory
+    from pofe.training.allocator import bound_primitive_cache, keep_freed_memory
     from pofe.training.checkpoints import final_complete, seed_everything
     from pofe.training.guards import fault_point
     from pofe.training.tracking import MetricsSink, Progress
 
     cfg = recipe.cfg
     t0 = time.perf_counter()
+    bound_primitive_cache()  # before any bf16 matmul (vLLM's warm-up included): memory that levels off
     gate(require_audit, recipe.audit_identity)  # refused before any data or model loads
     recipe.load_data()  # a bad file fails in a second, before any run folder or model
     acc = _accelerator(recipe)

@@ -50,6 +50,16 @@ class VLLMSettings(PofeConfig):
     longer than what judge reads share (the template's header; the question, which both orders of a
     pair repeat), so nothing was reused: 4 pairs read in both orders (~2200 tokens) took 0.59-0.71 s
     at 128 and 0.45 s at 32 (64: 0.52 s). The CPU attention kernel needs a multiple of 32."""
+    max_num_seqs: int | None = Field(None, ge=1)
+    """Sequences the engine runs at once (vLLM's ``max_num_seqs``). None = vLLM's default (256 on CPU).
+    vLLM sizes its sampler's buffers and its warm-up by it: SmolLM2-135M in bf16, compiled, on CPU,
+    the engine's resident memory is 1.34 GB at 256 and 1.04 GB at 16 (with ``max_num_batched_tokens``
+    1024; benchmarks/online-notes.md). Set it to what one call runs (the online bar: 8 samples, 8
+    judge reads); more is queued, never refused."""
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    """Tokens per engine step (vLLM's ``max_num_batched_tokens``; longer prefills are chunked).
+    None = vLLM's default (4096 on CPU). Its profiling and its prompt log-probs (the judge's exact
+    reads, the reference's log-probs) hold logits for this many positions at once."""
     gpu_memory_utilization: float = 0.3
     """CUDA: share of GPU memory for vLLM when it is colocated with training on the same GPU."""
     enforce_eager: bool = True

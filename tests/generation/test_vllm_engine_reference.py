@@ -16,8 +16,8 @@ VLLM = ["sampling.engine=vllm", "sampling.vllm.dtype=float32", "sampling.vllm.ma
 
 
 def _judge(model_dir):
-    # a longer context than the sampler's: its own engine (identical settings share one, which swaps
-    # pi_0 and the policy every step and so cannot stand in for the reference)
+    # a longer context than the sampler's: an engine of its own (identical settings share one, which
+    # swaps pi_0 and the policy every step: the shared-engine test below)
     return ["judge.kind=vllm", f"judge.model={model_dir}", "judge.vllm.dtype=float32", "judge.vllm.max_model_len=1024",
             "judge.cache.enabled=false"]
 
@@ -39,6 +39,43 @@ def test_engine_completion_logprobs_equal_the_trainer_pass(tiny64_dir, tokenizer
         hf = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", shared=False)
     assert eng.shape == (4,) and torch.allclose(eng, hf, atol=1e-4), (eng, hf)
     assert float(eng.max()) < -1.0  # real log-probs of random tokens, not zeros
+
+
+def test_a_frozen_generator_pushes_its_file_after_another_model_synced_the_shared_engine(tiny64_dir, tokenizer):
+    """freeze(): pi_0's generator lets its model go and, on an engine the policy's generator also
+    syncs, pushes pi_0 from its file whenever it reads; no push when the engine already holds it."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig
+    from pofe.generation.vllm import generator_for
+    from pofe.training.dap import TokenPair, pair_logps
+
+    pi0 = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
+    policy = copy.deepcopy(pi0)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sampling = SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 768})
+    g0, gp = generator_for(pi0, tokenizer, sampling), generator_for(policy, tokenizer, sampling)
+    assert g0.engine is gp.engine  # one pooled engine, as the online bar's sampler and pi_0 annotator
+    ids = [tuple(tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
+    pairs = [TokenPair(ids[0], (11, 12, 13), (14,), 1.0, "a"), TokenPair(ids[1], (15, 16), (17, 18, 19, 20), 1.0, "b")]
+    seqs = [(p.prompt_ids, p.chosen_ids) for p in pairs] + [(p.prompt_ids, p.rejected_ids) for p in pairs]
+    with torch.no_grad():
+        want0, wantp = (pair_logps(m, pairs, tokenizer.pad_token_id, "cpu", shared=False) for m in (pi0, policy))
+    assert float((want0 - wantp).abs().max()) > 0.1  # the two models read apart
+
+    first = torch.tensor(g0.completion_logprobs(seqs))
+    syncs = g0.syncs
+    g0.freeze()
+    assert g0.model is None and g0.weights_file is not None
+    assert torch.allclose(torch.tensor(g0.completion_logprobs(seqs)), first, atol=1e-5) and g0.syncs == syncs  # held
+    assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), wantp, atol=1e-4)  # the policy pushed
+    again = torch.tensor(g0.completion_logprobs(seqs))  # pi_0 pushed back, from the file
+    assert g0.syncs == syncs + 1 and torch.allclose(again, want0, atol=1e-4), (again, want0)
+    assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), wantp, atol=1e-4)
 
 
 def _args(tmp_path, model_dir, name, *more):
@@ -96,6 +133,21 @@ def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike
     # the engine start-up line: the sampler's and the judge's, or the one they share
     assert own.stderr.count("vLLM engine for ") == 2 and shared.stderr.count("vLLM engine for ") == 1, (
         own.stderr.count("vLLM engine for "), shared.stderr.count("vLLM engine for "))
+
+    # reference.source=engine on the shared engine: pi_0's log-probs read while it holds pi_0 for the
+    # judge, the frozen copy freed, pi_0 pushed from its file after; killed after the switch, resumed alike
+    eng_args = ("judge.vllm.max_model_len=768", "reference.source=engine")
+    eng = pofe("online", *_args(tmp_path, tiny64_dir, "shared-engine", *eng_args))
+    assert eng.returncode == 0, eng.stderr[-2000:]
+    re_ = read_jsonl(tmp_path / "shared-engine" / "metrics.jsonl")
+    assert re_[0]["reference/from_engine"] == 1.0 and re_[0]["reference/engine_gap"] < 1e-4
+    assert [r["loss"] for r in re_] == pytest.approx([r["loss"] for r in ro], abs=1e-4)
+    assert eng.stderr.count("vLLM engine for ") == 1
+    crashed = pofe("online", *_args(tmp_path, tiny64_dir, "shared-crash", *eng_args), POFE_FAULT="3:after_judge")
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    resumed = pofe("online", "--resume", str(tmp_path / "shared-crash"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["loss"] for r in read_jsonl(tmp_path / "shared-crash" / "metrics.jsonl")] == [r["loss"] for r in re_]
 
 
 def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_dir, tokenizer, monkeypatch):

@@ -92,6 +92,19 @@ def test_tensor_parallel_size_reaches_the_in_process_engine(tiny_model_dir):
     assert kw["tensor_parallel_size"] == 2 and kw["model"] == str(tiny_model_dir)
 
 
+def test_engine_batch_limits_reach_the_in_process_engine_only_when_set(tiny_model_dir):
+    from pofe.generation import VLLMSettings
+    from pofe.generation.vllm import engine_kwargs
+
+    kw = engine_kwargs(str(tiny_model_dir), VLLMSettings(), lora_rank=None, cuda=False)
+    assert "max_num_seqs" not in kw and "max_num_batched_tokens" not in kw  # vLLM's own defaults
+    kw = engine_kwargs(str(tiny_model_dir), VLLMSettings(max_num_seqs=16, max_num_batched_tokens=1024), lora_rank=None,
+                       cuda=False)
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (16, 1024)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        VLLMSettings(max_num_seqs=0)
+
+
 def test_split_blocks():
     from pofe.generation.vllm_server import split_blocks
 
