@@ -7,9 +7,17 @@ memory at the top of the heap is trimmed, so each step page-faults its buffers i
 kernel zeroes every page. On the bar benchmark (``benchmarks/online_step.py``, bf16, vLLM
 generator and judge) two profiles of the same 3-pair policy pass in one run differed only in
 ``copy_`` (0.14 vs 0.36 s) and ``fill_`` (0.04 vs 0.17 s). ``benchmarks/policy_pass.py --malloc``:
-1.09-1.25 s -> 0.98-1.13 s per pass. Turning mmap off altogether (:data:`MMAP_MAX`) reuses the
-blocks over 32 MiB as well, which is where most of the in-loop gain was (numbers there). This
-is the glibc side of what PyTorch's CPU tuning guide gets from jemalloc or tcmalloc.
+1.09-1.25 s -> 0.98-1.13 s per pass. This is the glibc side of what PyTorch's CPU tuning guide
+gets from jemalloc or tcmalloc.
+
+Blocks over 32 MiB are still mapped and unmapped (:data:`MMAP_MAX` left at glibc's default).
+Turning mmap off altogether was faster (reused blocks are not page-faulted in again) but the heap
+never stopped growing: those blocks (the completion logits, their gradient) change size with every
+step's longest response, a larger one does not fit the holes the smaller ones left, and trimming is
+off. The online bar, 16 steps: peak RSS 4.49 -> 5.15 GB and still rising with mmap off; 4.49 ->
+4.59 GB with it on, for +0.23 s/step (4.98 -> 5.22; benchmarks/online-notes.md). A run's memory
+that levels off is worth more than 5% of its speed; ``MALLOC_MMAP_MAX_=0`` in the environment
+buys the speed back (pofe then leaves glibc to it).
 """
 
 from __future__ import annotations
@@ -26,11 +34,10 @@ MMAP_THRESHOLD = 32 * 2**20
 """Blocks up to this size come from the heap (glibc's maximum on 64-bit: HEAP_MAX_SIZE / 2)."""
 TRIM_THRESHOLD = -1
 """-1: never give free memory at the top of the heap back (man mallopt: disables trimming)."""
-MMAP_MAX = 0
-"""0: no block is mmapped, so the blocks over 32 MiB are reused too. A step has several: the tied
-embedding's fp32 gradient and its bf16 autocast copy, the completion logits and their gradient.
-Soft labels, 4 pairs a step, 10 steps, in the loop: the policy pass fell from 1.53 to 1.16 s and
-the step from 3.40 to 2.93 s (medians), and peak RSS rose from 5.89 to 6.08 GB."""
+MMAP_MAX = None
+"""None: glibc's own limit on mapped blocks (65536), so blocks over :data:`MMAP_THRESHOLD` are
+mapped and returned on free. 0 (no block mapped) was tried: faster, but a heap that kept growing
+(module docstring)."""
 _ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 _applied: bool | None = None
 
@@ -55,8 +62,10 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _applied = all(mallopt(k, v) for k, v in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                                              (_M_MMAP_MAX, MMAP_MAX)))
+    options = [(_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)]
+    if MMAP_MAX is not None:
+        options.append((_M_MMAP_MAX, MMAP_MAX))
+    _applied = all(mallopt(k, v) for k, v in options)
     log.debug("glibc malloc: keep freed memory for reuse (%s)", "on" if _applied else "refused")
     return _applied
 
