@@ -72,6 +72,11 @@ def leave_process_group() -> None:
 
     engines = getattr(sys.modules.get("pofe.generation.vllm"), "_POOL", None)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and dist.is_available() and dist.is_initialized() and not engines:
+        # Every process first: a process that tears its connections down while a peer is still
+        # in its last collective is the race above (it happened again, to a finished data-parallel
+        # ``pofe audit``, after the group was ended without this barrier). It cannot hang: a
+        # process that failed makes torchrun stop the others.
+        dist.barrier()
         dist.destroy_process_group()
 
 
