@@ -171,21 +171,32 @@ def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | Non
     if src and os.path.isdir(src) and any(Path(src).glob("*.safetensors")) and (Path(src) / "config.json").exists():
         return src, None
     tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-model-")
-    from safetensors.torch import save_file
-
     base.config.save_pretrained(tmp.name)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(tmp.name)
-    tensors, seen = {}, {}
-    for k, v in hf_weights(model):
-        ptr = v.data_ptr()
-        if ptr in seen:  # tied embeddings: save once, vLLM ties them again from the config
-            continue
-        seen[ptr] = k
-        tensors[k] = v.to("cpu").contiguous().clone()
-    save_file(tensors, os.path.join(tmp.name, "model.safetensors"))
+    # tied embeddings saved once: vLLM ties them again from the config when it loads
+    save_weights(hf_weights(model), os.path.join(tmp.name, "model.safetensors"), tied="drop")
     tokenizer.save_pretrained(tmp.name)
     return tmp.name, tmp
+
+
+def save_weights(weights: Iterable[tuple[str, torch.Tensor]], path: str, *, tied: str,
+                 dtype: torch.dtype | None = None) -> None:
+    """(name, tensor) pairs to one safetensors file on CPU (cast to ``dtype`` when given). A tensor
+    met again under another name (tied embeddings) is dropped (``tied="drop"``) or stored as a
+    copy (``tied="copy"``: safetensors stores no shared tensors)."""
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    with torch.no_grad():
+        for k, v in weights:
+            ptr = v.data_ptr()
+            if ptr in seen and tied == "drop":
+                continue
+            t = v.to("cpu", dtype) if dtype is not None else v.to("cpu")
+            tensors[k] = t.contiguous().clone() if ptr in seen else t.contiguous()  # read, not kept
+            seen.add(ptr)
+    save_file(tensors, path)
 
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -527,24 +538,14 @@ class VLLMGenerator:
         (cast to the engine's dtype), so a push from it is the same push; it is
         read with plain reads (no mapping of it lingers in this process's memory) and deleted with
         the generator. Full-weight engines only, as :meth:`pin`."""
-        from safetensors.torch import save_file
-
         if self.engine.lora:
             raise EngineSyncError("a LoRA engine reads its adapter from the live model: it cannot be frozen")
-        want = getattr(torch, self.settings.dtype)
-        tensors, seen = {}, set()
-        with torch.no_grad():
-            for k, v in self._full_weights():
-                t = v.to("cpu", want).contiguous()
-                # every name the bound model pushes, a tied one too (the file is stored, so a copy: a
-                # reload without the lm_head name warns that vLLM's layer-wise reload missed it)
-                tensors[k] = t.clone() if t.data_ptr() in seen else t
-                seen.add(t.data_ptr())
         self._frozen_dir = tempfile.TemporaryDirectory(prefix="pofe-vllm-frozen-")
         path = os.path.join(self._frozen_dir.name, "model.safetensors")
-        save_file(tensors, path)
-        del tensors
-        held = self.engine.holds == ("full", self._synced) and self._synced is not None and not self.stale
+        # every name the bound model pushes, a tied one too: a reload without the lm_head name warns
+        # that vLLM's layer-wise reload missed it
+        save_weights(self._full_weights(), path, tied="copy", dtype=getattr(torch, self.settings.dtype))
+        held = self._synced is not None and not self.stale and self.engine.holds == ("full", self._synced)
         self.weights_file, self.model = path, None
         self._synced = self._want() if held else None  # the engine holds these very weights: no push now
         if held:

@@ -35,3 +35,32 @@ def test_a_cut_file_is_an_error_naming_file_and_tensor(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(EngineSyncError, match=r"m\.safetensors: tensor 'b' is cut short"):
         read_safetensors(str(path))
+
+
+@pytest.mark.parametrize("tied", ["drop", "copy"])
+def test_save_weights_keeps_or_drops_a_tied_tensor_and_casts(tmp_path, tied):
+    from pofe.generation.vllm import read_safetensors, save_weights
+
+    emb, norm = torch.randn(5, 3), torch.randn(3)
+    save_weights([("embed.weight", emb), ("norm.weight", norm), ("lm_head.weight", emb)], str(tmp_path / "w.safetensors"),
+                 tied=tied, dtype=torch.bfloat16)
+    got = dict(read_safetensors(str(tmp_path / "w.safetensors")))
+    names = {"embed.weight", "norm.weight"} | ({"lm_head.weight"} if tied == "copy" else set())
+    assert got.keys() == names
+    assert all(t.dtype == torch.bfloat16 for t in got.values())
+    assert torch.equal(got["embed.weight"], emb.to(torch.bfloat16)) and torch.equal(got["norm.weight"], norm.to(torch.bfloat16))
+    if tied == "copy":
+        assert torch.equal(got["lm_head.weight"], emb.to(torch.bfloat16))
+
+
+def test_model_dir_of_a_model_without_a_folder_is_a_loadable_copy(tiny_model, tokenizer):
+    from safetensors.torch import load_file
+
+    from pofe.generation.vllm import _model_dir
+
+    tiny_model.config._name_or_path = ""
+    path, tmp = _model_dir(tiny_model, tokenizer)
+    saved = load_file(f"{path}/model.safetensors")
+    state = tiny_model.state_dict()
+    assert tmp is not None and saved and all(torch.equal(saved[k], state[k]) for k in saved)
+    assert set(state) - set(saved) <= {"lm_head.weight"}  # tied to the embedding: saved once
