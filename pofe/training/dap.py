@@ -31,7 +31,16 @@ import torch
 
 from pofe.logprobs import SequenceBatch, build_batch, completion_token_logprobs, selective_logprobs
 from pofe.losses import PreferenceLoss
-from pofe.training.precision import Precision, attention_for, autocast, eager_attention_pays, hf_model
+from pofe.training.activations import lean_activations
+from pofe.training.precision import (
+    Precision,
+    attention_for,
+    autocast,
+    checkpointing,
+    eager_attention_pays,
+    hf_model,
+    sharded,
+)
 
 
 @dataclass(frozen=True)
@@ -170,9 +179,9 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
 
     base = hf_model(model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
-            or (model.training and _checkpointing(base)):  # HF then turns the cache off
+            or (model.training and checkpointing(base)):  # HF then turns the cache off
         return None
-    if _sharded(model):  # FSDP2: one forward per pass on every process, whatever W is
+    if sharded(model):  # FSDP2: one forward per pass on every process, whatever W is
         return None
     m = len(pairs)
     prompts = build_batch([p.prompt_ids for p in pairs], [()] * m, pad_token_id=pad_token_id, padding_side="left")
@@ -203,19 +212,6 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     del logits, cache
     tok = torch.cat([first.unsqueeze(1), rest], dim=1)
     return (tok * cmask.to(tok.dtype)).sum(-1)
-
-
-def _sharded(model) -> bool:
-    from pofe.training.sharding import is_sharded
-    from pofe.training.zero import is_engine
-
-    return is_sharded(model) or is_engine(model)
-
-
-def _checkpointing(base) -> bool:
-    # transformers 5.24 renames is_gradient_checkpointing (deprecated) to is_activation_checkpointing
-    name = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else "is_gradient_checkpointing"
-    return bool(getattr(base, name, False))
 
 
 _NO_PLAIN_CACHE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -303,7 +299,7 @@ def dap_backward(
                 with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
                     ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)  # pi_0, no grad, (2m,)
             t1 = time.perf_counter()
-            with autocast(precision, device), attention_for(policy, eager):
+            with autocast(precision, device), attention_for(policy, eager), lean_activations(policy):
                 pol_lp = pair_logps(policy, chunk, pad_token_id, device, shared=shared)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)

@@ -38,6 +38,21 @@ def hf_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def sharded(model) -> bool:
+    """FSDP2-sharded or a DeepSpeed ZeRO engine: parameters are gathered around each module's own call."""
+    from pofe.training.sharding import is_sharded
+    from pofe.training.zero import is_engine
+
+    return is_sharded(model) or is_engine(model)
+
+
+def checkpointing(base) -> bool:
+    """Whether the (unwrapped) transformers model trains with its own gradient checkpointing."""
+    # transformers 5.24 renames is_gradient_checkpointing (deprecated) to is_activation_checkpointing
+    name = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(base, name, False))
+
+
 def eager_attention_pays(model, precision: Precision, device, batch: int, length: int) -> bool:
     """Whether a bf16 pass of ``batch`` sequences of ``length`` tokens on CPU should use eager
     (matmul + softmax) attention instead of SDPA.

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
+from pofe.training.activations import lean_activations
 from pofe.training.parallel import DataParallel, stepped_grad_norm
 from pofe.training.precision import autocast
 from pofe.training.reward_model import pair_prompt, rewards
@@ -40,7 +41,7 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
     loss_sum = 0.0
     dp.lockstep(model, int(bool(batch)), pad_token_id=tokenizer.pad_token_id)  # sharded: a zero pass for an empty batch
     if batch:  # an uneven last batch can leave a process nothing; it still joins the all-reduce
-        with autocast(cfg.train.precision, next(model.parameters()).device):  # rewards() returns fp32 scores
+        with autocast(cfg.train.precision, next(model.parameters()).device), lean_activations(model):  # rewards() returns fp32 scores
             r = rewards(model, tokenizer, [pair_prompt(q) for q in batch] * 2, [q.chosen for q in batch] + [q.rejected for q in batch],
                         max_length=cfg.max_length)
         margin = r[: len(batch)] - r[len(batch):]

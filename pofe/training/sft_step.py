@@ -18,6 +18,7 @@ import torch
 from pofe.logprobs import build_batch, completion_token_logprobs
 from pofe.models import apply_chat_template
 from pofe.records import SFTExample
+from pofe.training.activations import lean_activations
 from pofe.training.guards import check_finite
 from pofe.training.optim import trainable_parameters
 from pofe.training.parallel import DataParallel, stepped_grad_norm
@@ -94,7 +95,7 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
     total_nll = 0.0
     dp.lockstep(model, -(-len(items) // micro_batch), pad_token_id=pad_token_id)  # sharded: as many passes as any process
     for k in range(0, len(items), micro_batch):
-        with autocast(precision, next(model.parameters()).device):
+        with autocast(precision, next(model.parameters()).device), lean_activations(model):
             nll, _ = response_nll(model, items[k : k + micro_batch], pad_token_id)
         # Token-mean over the whole optimiser batch, whatever the micro-batching and the processes.
         (nll / n_tok).backward()

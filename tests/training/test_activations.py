@@ -1,0 +1,115 @@
+"""lean_activations: same losses and gradients, bit for bit, with fewer bytes saved for the backward."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from pofe.training.activations import lean_activations
+from pofe.training.dap import TokenPair, pair_logps
+from pofe.training.precision import autocast
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _pairs(seed: int = 0, n: int = 3) -> list[TokenPair]:
+    rng = random.Random(seed)
+    ids = lambda k: tuple(rng.randrange(5, 400) for _ in range(k))  # noqa: E731
+    return [TokenPair(ids(rng.randint(3, 9)), ids(rng.randint(1, 7)), ids(rng.randint(1, 7))) for _ in range(n)]
+
+
+def _qwen2(tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return Qwen2ForCausalLM(cfg)
+
+
+def _pass(model, pairs, pad, precision, lean, shared):
+    """Summed pair log-probs' gradient, and the bytes of activations the forward saved for the backward
+    (batch-shaped tensors other than the vocabulary-wide logits; weights and their casts are 2-D)."""
+    saved = []
+    vocab = model.config.vocab_size
+
+    def pack(t):
+        if t.dim() >= 3 and t.shape[-1] != vocab:
+            saved.append(t.numel() * t.element_size())
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with autocast(precision, "cpu"), (lean_activations(model) if lean else _null()):
+            lp = pair_logps(model, pairs, pad, "cpu", shared=shared)
+    # the backward runs after the block, as in dap_backward: the checkpoints hold the original forwards
+    (lp * torch.tensor([1.0, -0.5, 2.0] * 2)).sum().backward()
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sum(saved)
+
+
+class _null:
+    def __enter__(self):
+        return 0
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_same_numbers_bit_for_bit_and_fewer_saved_bytes(tiny_model, tokenizer, arch, precision, shared):
+    model = tiny_model if arch == "llama" else _qwen2(tokenizer)
+    model.train()
+    pairs = _pairs()
+    lp0, g0, bytes0 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=False, shared=shared)
+    lp1, g1, bytes1 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=True, shared=shared)
+    assert torch.equal(lp0, lp1)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        d = (g0[name] - g1[name]).abs().max().item()
+        assert torch.equal(g0[name], g1[name]), (name, d, g0[name].abs().max().item())
+    # 2 layers x (2 norms + 1 MLP) + the final norm, each saving less than before
+    assert bytes1 < 0.85 * bytes0, (bytes1, bytes0)
+
+
+def test_switches_known_modules_and_restores_them(tiny_model):
+    before = {n: type(m) for n, m in tiny_model.named_modules()}
+    tiny_model.train()
+    with lean_activations(tiny_model) as n:
+        assert n == 2 * 3 + 1  # per layer: input and post-attention norms, the MLP; and the final norm
+        kinds = {type(m).__name__ for m in tiny_model.modules()}
+        assert {"LeanLlamaRMSNorm", "LeanLlamaMLP"} <= kinds
+        # a copy taken inside (pi_0's, say) computes with its own weights, not the original's
+        twin = copy.deepcopy(tiny_model)
+    assert {n: type(m) for n, m in tiny_model.named_modules()} == before
+    with torch.no_grad():
+        twin.model.norm.weight.mul_(3.0)
+        x = torch.randn(2, 32)
+        assert not torch.equal(twin.model.norm(x), tiny_model.model.norm(x))
+
+
+def test_no_op_without_gradients_in_eval_and_under_gradient_checkpointing(tiny_model, tokenizer):
+    pairs = _pairs(1)
+    tiny_model.eval()
+    with torch.no_grad():
+        a = pair_logps(tiny_model, pairs, tokenizer.pad_token_id, "cpu")
+        with lean_activations(tiny_model):
+            b = pair_logps(tiny_model, pairs, tokenizer.pad_token_id, "cpu")
+    assert torch.equal(a, b)
+    tiny_model.train()
+    tiny_model.gradient_checkpointing_enable()
+    with lean_activations(tiny_model) as n:
+        assert n == 0
+
+
+def test_unknown_architectures_are_left_alone(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    model.train()
+    with lean_activations(model) as n:
+        assert n == 0
