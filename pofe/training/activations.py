@@ -7,11 +7,14 @@ the backward, ~1.6 MB per token):
 * each RMSNorm keeps its fp32 input *and* its fp32 normalised value;
 * SwiGLU keeps ``silu(gate)`` besides ``gate`` and ``up``.
 
-:func:`lean_activations` runs those two pieces under non-reentrant activation checkpointing,
-which keeps only their inputs and recomputes the elementwise rest in the backward (no matmul is
-recomputed). The forward and the backward run the same kernels on the same values as without
-it, so losses and gradients are bitwise equal (``tests/training/test_activations.py``). On the
-bar benchmark's policy pass it lowers the peak RSS by ~0.18 GB (benchmarks/online-notes.md).
+:func:`lean_activations` runs those two pieces as autograd functions that keep only their
+inputs and recompute the elementwise rest in the backward (no matmul is recomputed). Their
+backward replays the formulas autograd would apply to the original ops, kernel for kernel: the
+losses are bitwise equal and the gradients equal up to the order fp32 sums a tensor's
+contributions (<= 5e-7 of each gradient's largest entry; ``tests/training/test_activations.py``). Explicit
+functions rather than ``torch.utils.checkpoint``: the checkpoint machinery cost ~0.13 s per bar
+policy pass on 2 CPU cores (~180 regions a pass). On the bar benchmark's policy pass it lowers
+the peak RSS by ~0.18 GB (benchmarks/online-notes.md).
 
 Not done, on purpose: casting a norm's output to bf16 once inside it (autocast casts it once per
 projection that reads it, q/k/v and gate/up, and saves each copy) would save ~0.1 GB more, but
@@ -31,7 +34,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.nn import functional as F
 
 from pofe.training.precision import checkpointing, hf_model, sharded
 
@@ -41,8 +44,53 @@ _NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"})
 _MLPS = frozenset({"LlamaMLP", "Qwen2MLP", "MistralMLP"})
 
 
-def _swiglu(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return act(gate) * up
+class _SwiGLU(torch.autograd.Function):
+    """``silu(gate) * up`` saving ``gate`` and ``up`` only. The backward is autograd's own for the
+    two ops (MulBackward0, then SiluBackward0 on ``grad * up``)."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
+        grad_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
+        return grad_gate, grad_up
+
+
+class _RMSNorm(torch.autograd.Function):
+    """Llama's RMSNorm, ``w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)``, saving ``x`` and ``w``
+    only (autograd would also keep the fp32 normalised value). The backward recomputes the
+    normalisation and replays, op for op, the formulas autograd applies to the forward's graph
+    (derivatives.yaml: mul, rsqrt ``-0.5 * grad * result^3``, mean ``expand / n``, pow
+    ``grad * (2 * x^1)``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        x32 = x.to(torch.float32)
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        x32 = x.to(torch.float32)
+        r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        normed = (x32 * r).to(x.dtype)
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad * normed).sum(dim=tuple(range(grad.dim() - weight.dim()))).to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_n = (grad * weight).to(x.dtype).to(torch.float32)  # through the forward's cast back to x.dtype
+            grad_r = (grad_n * x32).sum(-1, keepdim=True)
+            grad_sq = ((-0.5 * grad_r) * r.pow(3)).expand(x32.shape) / x32.shape[-1]
+            grad_x = (grad_n * r + grad_sq * (2.0 * x32.pow(1.0))).to(x.dtype)
+        return grad_x, grad_w, None
 
 
 def _active(module: torch.nn.Module) -> bool:
@@ -53,10 +101,9 @@ class _LeanNorm:
     """Mixed in front of a known RMSNorm class for the duration of :func:`lean_activations`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = type(self).__mro__[2]  # the original class (mro: Lean subclass, _LeanNorm, original)
         if not _active(self):
-            return base.forward(self, x)
-        return checkpoint(base.forward, self, x, use_reentrant=False, preserve_rng_state=False)
+            return type(self).__mro__[2].forward(self, x)  # mro: Lean subclass, _LeanNorm, original
+        return _RMSNorm.apply(x, self.weight, self.variance_epsilon)
 
 
 class _LeanMLP:
@@ -65,8 +112,11 @@ class _LeanMLP:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _active(self):
             return type(self).__mro__[2].forward(self, x)
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(checkpoint(_swiglu, self.act_fn, gate, up, use_reentrant=False, preserve_rng_state=False))
+        return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+def _swiglu_mlp(module) -> bool:
+    return type(module.act_fn).__name__ in ("SiLU", "SiLUActivation")
 
 
 _LEAN: dict[type, type] = {}
@@ -83,13 +133,13 @@ def _lean_class(cls: type) -> type | None:
 def lean_activations(model: torch.nn.Module) -> Iterator[int]:
     """Within the block, known norms and MLPs of ``model`` save less for the backward (see the
     module docstring); yields how many modules were switched. The backward may run after the
-    block: each checkpoint holds the original forward it recomputes."""
+    block: the autograd functions recorded in the graph do not depend on the switch."""
     swapped: list[tuple[torch.nn.Module, type]] = []
     # With the model's own gradient checkpointing the layers' activations are recomputed already.
     if not (sharded(model) or checkpointing(hf_model(model))):
         for m in model.modules():
             lean = _lean_class(type(m))
-            if lean is not None:
+            if lean is not None and (lean.__mro__[1] is not _LeanMLP or _swiglu_mlp(m)):
                 swapped.append((m, type(m)))
                 m.__class__ = lean
     try:
