@@ -22,7 +22,8 @@ the gradients of those projections would then be summed in bf16 on that one tens
 in fp32 after each cast's backward: measured 2e-3 relative on the tied embedding's gradient.
 
 Only module classes whose forward is known are touched (Llama's RMSNorm and gated MLP, which
-Qwen2, Mistral and SmolLM share verbatim); anything else runs as before. It is a no-op without
+Qwen2, Mistral and SmolLM share verbatim), and only once a probe has shown the installed class
+still computes what the replacement computes; anything else runs as before. It is a no-op without
 gradients, for modules in eval mode, for sharded models (FSDP2 / ZeRO-3 gather a module's
 parameters around its own call, and a recompute in the backward would bypass that), and under
 the model's own gradient checkpointing.
@@ -34,6 +35,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from pofe.training.precision import checkpointing, hf_model, sharded
@@ -54,6 +56,7 @@ class _SwiGLU(torch.autograd.Function):
         return F.silu(gate) * up
 
     @staticmethod
+    @once_differentiable  # the replayed formulas are not themselves recorded: no double backward
     def backward(ctx, grad: torch.Tensor):
         gate, up = ctx.saved_tensors
         grad_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
@@ -76,6 +79,7 @@ class _RMSNorm(torch.autograd.Function):
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
     @staticmethod
+    @once_differentiable  # the replayed formulas are not themselves recorded: no double backward
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         x32 = x.to(torch.float32)
@@ -120,6 +124,7 @@ def _swiglu_mlp(module) -> bool:
 
 
 _LEAN: dict[type, type] = {}
+_AGREES: dict[type, bool] = {}
 
 
 def _lean_class(cls: type) -> type | None:
@@ -127,6 +132,36 @@ def _lean_class(cls: type) -> type | None:
         mixin = _LeanNorm if cls.__name__ in _NORMS else _LeanMLP if cls.__name__ in _MLPS else None
         _LEAN[cls] = None if mixin is None else type(f"Lean{cls.__name__}", (mixin, cls), {"__module__": __name__})
     return _LEAN[cls]
+
+
+@torch.no_grad()
+def _agrees(module: torch.nn.Module, lean: type) -> bool:
+    """Whether ``lean``'s forward gives ``module``'s own output, bit for bit, on a random input.
+
+    Why: the class names say the forward is Llama's in the transformers this was written against;
+    a later release (or a kernel swapped into the class) could change it, and the switch must then
+    not happen rather than compute the old formula. Checked once per class, in eval mode (a LoRA
+    projection's dropout would otherwise make two calls differ)."""
+    cls = type(module)
+    if cls not in _AGREES:
+        weight = module.weight if lean.__mro__[1] is _LeanNorm else module.gate_proj.weight
+        x = torch.randn(3, weight.shape[-1] if lean.__mro__[1] is _LeanNorm else weight.shape[1],
+                        dtype=torch.float32 if lean.__mro__[1] is _LeanNorm else weight.dtype, device=weight.device,
+                        generator=torch.Generator(weight.device).manual_seed(0))  # the run's own RNG stream untouched
+        was = module.training
+        module.eval()
+        try:
+            own = cls.forward(module, x)
+            if lean.__mro__[1] is _LeanNorm:
+                ours = _RMSNorm.apply(x, module.weight, module.variance_epsilon)
+            else:
+                ours = module.down_proj(_SwiGLU.apply(module.gate_proj(x), module.up_proj(x)))
+            _AGREES[cls] = bool(own.dtype == ours.dtype and torch.equal(own, ours))
+        except Exception:  # any surprise in the class: leave it alone
+            _AGREES[cls] = False
+        finally:
+            module.train(was)
+    return _AGREES[cls]
 
 
 @contextlib.contextmanager
@@ -139,7 +174,7 @@ def lean_activations(model: torch.nn.Module) -> Iterator[int]:
     if not (sharded(model) or checkpointing(hf_model(model))):
         for m in model.modules():
             lean = _lean_class(type(m))
-            if lean is not None and (lean.__mro__[1] is not _LeanMLP or _swiglu_mlp(m)):
+            if lean is not None and (lean.__mro__[1] is not _LeanMLP or _swiglu_mlp(m)) and _agrees(m, lean):
                 swapped.append((m, type(m)))
                 m.__class__ = lean
     try:

@@ -118,3 +118,37 @@ def test_unknown_architectures_are_left_alone(tokenizer):
     model.train()
     with lean_activations(model) as n:
         assert n == 0
+
+
+def test_a_class_whose_forward_changed_is_left_alone(tokenizer):
+    """The class name is not trusted: a forward that no longer computes Llama's norm is not switched."""
+    from transformers.models.llama import modeling_llama
+
+    import pofe.training.activations as act
+
+    class LlamaRMSNorm(modeling_llama.LlamaRMSNorm):  # same name, a Gemma-style (1 + w) scale
+        def forward(self, x):
+            x32 = x.float()
+            return ((1.0 + self.weight) * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))).to(x.dtype)
+
+    norm = LlamaRMSNorm(16)
+    norm.train()
+    with lean_activations(norm) as n:
+        assert n == 0 and type(norm) is LlamaRMSNorm
+    assert act._AGREES[LlamaRMSNorm] is False
+
+
+def test_the_probe_leaves_the_global_rng_alone(tokenizer):
+    """Resumed runs replay torch's RNG stream; a check that only runs in some processes must not draw from it."""
+    import pofe.training.activations as act
+    from pofe.models import tiny_causal_lm
+
+    act._AGREES.clear()
+    model = tiny_causal_lm(tokenizer)
+    model.train()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    with lean_activations(model) as n:
+        assert n == 7
+    assert torch.equal(torch.rand(3), expected)
