@@ -37,7 +37,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -180,7 +180,7 @@ def _model_dir(model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | Non
     return tmp.name, tmp
 
 
-def save_weights(weights: Iterable[tuple[str, torch.Tensor]], path: str, *, tied: str,
+def save_weights(weights: Iterable[tuple[str, torch.Tensor]], path: str, *, tied: Literal["drop", "copy"],
                  dtype: torch.dtype | None = None) -> None:
     """(name, tensor) pairs to one safetensors file on CPU (cast to ``dtype`` when given). A tensor
     met again under another name (tied embeddings) is dropped (``tied="drop"``) or stored as a

@@ -144,18 +144,16 @@ def _agrees(module: torch.nn.Module, lean: type) -> bool:
     projection's dropout would otherwise make two calls differ)."""
     cls = type(module)
     if cls not in _AGREES:
-        weight = module.weight if lean.__mro__[1] is _LeanNorm else module.gate_proj.weight
-        x = torch.randn(3, weight.shape[-1] if lean.__mro__[1] is _LeanNorm else weight.shape[1],
-                        dtype=torch.float32 if lean.__mro__[1] is _LeanNorm else weight.dtype, device=weight.device,
+        norm = lean.__mro__[1] is _LeanNorm
+        weight = module.weight if norm else module.gate_proj.weight  # (hidden,) or (intermediate, hidden)
+        x = torch.randn(3, weight.shape[-1], dtype=torch.float32 if norm else weight.dtype, device=weight.device,
                         generator=torch.Generator(weight.device).manual_seed(0))  # the run's own RNG stream untouched
         was = module.training
         module.eval()
         try:
             own = cls.forward(module, x)
-            if lean.__mro__[1] is _LeanNorm:
-                ours = _RMSNorm.apply(x, module.weight, module.variance_epsilon)
-            else:
-                ours = module.down_proj(_SwiGLU.apply(module.gate_proj(x), module.up_proj(x)))
+            ours = (_RMSNorm.apply(x, module.weight, module.variance_epsilon) if norm
+                    else module.down_proj(_SwiGLU.apply(module.gate_proj(x), module.up_proj(x))))
             _AGREES[cls] = bool(own.dtype == ours.dtype and torch.equal(own, ours))
         except Exception:  # any surprise in the class: leave it alone
             _AGREES[cls] = False
