@@ -284,7 +284,7 @@ def test_cli_config_error_exits_2():
 # ----------------------------------------------------------------------------- two rl steps
 
 def test_two_rl_steps_with_the_pairwise_length_judge_log_tournament_metrics(tmp_path, tokenizer):
-    from test_rl import _prompts, stopping_lm
+    from tests.loops.test_rl import _prompts, stopping_lm  # by package path: works whatever pytest collected first
 
     from pofe.judges.programmatic import length_judge
     from pofe.loops.rl import RLConfig, run
