@@ -43,6 +43,7 @@ import torch
 
 from pofe.generation.base import SamplingConfig, VLLMSettings
 from pofe.errors import PofeError
+from pofe.generation import kept_weights
 from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
 
@@ -331,6 +332,13 @@ class Engine:
         self._lora_dirs: list[str] = []
         self._next_lora_id = 1
         self._tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-lora-")
+        # Weights that never change (a frozen generator's, e.g. pi_0) are kept in the engine when another
+        # model's push replaces them, and swapped back instead of reloaded (pofe.generation.kept_weights).
+        self.frozen: set[tuple] = set()
+        self.kept: kept_weights.KeptWeights | None = None
+        self.swaps = 0
+        self.can_keep = (not torch.cuda.is_available() and lora_rank is None and settings.tensor_parallel_size == 1
+                         and hasattr(self.llm, "apply_model"))
 
     def generate(self, prompts, params, lora_request=None):
         from vllm.inputs import TokensPrompt
@@ -340,6 +348,9 @@ class Engine:
 
     # -- sync ------------------------------------------------------------------------------
     def load_full(self, weights: Iterable[tuple[str, torch.Tensor]], fp: tuple) -> None:
+        held = self.holds[1] if isinstance(self.holds, tuple) else None
+        if self.can_keep and held in self.frozen and (self.kept is None or self.kept.fp != held):
+            self._keep(held)  # frozen weights about to be replaced: keep them for a swap back
         self.holds = "broken"  # until the reload has returned
         # Cast to the engine's dtype here: one rounding of the fp32 master weights (a merged LoRA
         # delta included) and half the bytes through the reload, instead of vLLM's per-tensor
@@ -354,6 +365,56 @@ class Engine:
         if not self.llm.reset_prefix_cache():
             raise EngineSyncError("vLLM could not reset its prefix cache after a weight sync")
         self.holds = ("full", fp)
+
+    def _probe(self) -> list[float]:
+        from vllm import SamplingParams
+
+        ids = kept_weights.probe_ids(self.llm.llm_engine.model_config.get_vocab_size())
+        out = self.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False))[0]
+        return [float(out.prompt_logprobs[t][ids[t]].logprob) for t in range(1, len(ids))]
+
+    def _keep(self, fp: tuple) -> None:
+        """Keep the weights the engine holds now (fingerprint ``fp``), replacing any kept before."""
+        self.kept = None  # one kept set at most: its memory is freed before the new one is taken
+        try:
+            probe = self._probe()
+            self.kept = kept_weights.KeptWeights(fp, self.llm.apply_model(kept_weights.capture)[0], probe)
+        except Exception as e:  # an engine whose model cannot be read this way: reload as before
+            log.warning("vLLM engine: cannot keep frozen weights for swapping (%s: %s); reloading them each time",
+                        type(e).__name__, e)
+            self.kept, self.can_keep = None, False
+
+    def restore(self, fp: tuple) -> bool:
+        """Swap kept weights ``fp`` back in; False (nothing changed, or the engine marked "broken" for the
+        caller's reload) when none are kept under ``fp`` or the swap does not reproduce them."""
+        kept = self.kept
+        if kept is None or kept.fp != fp:
+            return False
+        self.holds = "broken"  # until the swap is done (and checked)
+        try:
+            self.llm.apply_model(lambda model: kept_weights.install(model, kept.state))
+            if not self.llm.reset_prefix_cache():  # prompt KV cached from the replaced weights
+                raise EngineSyncError("vLLM could not reset its prefix cache after a weight swap")
+            if not kept.verified:
+                got = self._probe()
+                if got != kept.probe:
+                    gap = max(abs(a - b) for a, b in zip(got, kept.probe))
+                    raise RuntimeError(f"the probe's log-probs differ from the kept weights' by up to {gap:.3g}")
+                kept.verified = True
+        except Exception as e:
+            log.warning("vLLM engine: swapping kept weights back failed (%s: %s); reloading them instead",
+                        type(e).__name__, e)
+            self.kept, self.can_keep = None, False
+            return False
+        self.holds = ("full", fp)
+        self.swaps += 1
+        return True
+
+    def forget(self, fp: tuple) -> None:
+        """``fp``'s owner is gone: stop keeping its weights."""
+        self.frozen.discard(fp)
+        if self.kept is not None and self.kept.fp == fp:
+            self.kept = None
 
     def load_adapter(self, model, fp: tuple) -> None:
         from vllm.lora.request import LoRARequest
@@ -427,6 +488,7 @@ class VLLMGenerator:
         self.weights_file: str | None = None  # after freeze(): the frozen weights' own file, synced from there
         self._frozen_dir: tempfile.TemporaryDirectory | None = None
         self._synced: tuple | None = None
+        self._forgets: list[weakref.finalize] = []  # drop this generator's kept weights from the engine
         lora_rank, self.merge_lora = None, False
         if is_peft(self.model):
             mode = self.settings.lora_sync
@@ -472,7 +534,7 @@ class VLLMGenerator:
             with torch.no_grad():
                 if self.engine.lora:
                     self.engine.load_adapter(self.model, fp)
-                else:
+                elif not self.engine.restore(fp):
                     self.engine.load_full(self._full_weights(), fp)
         except Exception as e:
             self._synced = None
@@ -481,12 +543,25 @@ class VLLMGenerator:
             raise EngineSyncError(f"vLLM weight sync failed ({type(e).__name__}: {e}); stopping rather than "
                                   f"sampling from the engine's old weights") from e
         self._synced = fp
+        self._mark_frozen()
         if self.sync_check.enabled and not self.engine.lora and self.model is not None:
             self._check_sync()
         self.last_sync_seconds = time.perf_counter() - t0
         self.syncs += 1
         self.sync_seconds += self.last_sync_seconds
         return self.last_sync_seconds
+
+    def _mark_frozen(self) -> None:
+        """Tell a full-weight engine that the weights it now holds for this generator never change (a
+        frozen file, or a model with nothing to train): another model's push then keeps them for a swap
+        back. Dropped with the generator."""
+        eng, fp = self.engine, self._synced
+        if eng.lora or fp is None or fp in eng.frozen:
+            return
+        if self.weights_file is None and (self.model is None or any(p.requires_grad for p in self.model.parameters())):
+            return
+        eng.frozen.add(fp)
+        self._forgets.append(weakref.finalize(self, eng.forget, fp))
 
     def _check_sync(self) -> None:
         """``sampling.sync_check``: the engine's prompt log-probs of fixed tokens against the
@@ -554,6 +629,7 @@ class VLLMGenerator:
         self._synced = self._want() if held else None  # the engine holds these very weights: no push now
         if held:
             self.engine.holds = ("full", self._synced)
+            self._mark_frozen()
 
     def sync_metrics(self) -> dict[str, float]:
         """``sync/logp_gap`` of the last push when ``sampling.sync_check`` is on."""

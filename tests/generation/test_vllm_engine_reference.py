@@ -78,6 +78,91 @@ def test_a_frozen_generator_pushes_its_file_after_another_model_synced_the_share
     assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), wantp, atol=1e-4)
 
 
+def _start_engine(model_dir, sampling):
+    """Start the pooled engine outside the generators: vLLM logs an exception while starting, and the
+    traceback it keeps would hold the frames (and so the generator) that started it."""
+    from pofe.generation.vllm import shared_engine
+
+    shared_engine(str(model_dir), sampling.vllm)
+
+
+def _shared_pi0_and_policy(tiny64_dir, tokenizer):
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from pofe.generation import SamplingConfig
+    from pofe.generation.vllm import generator_for
+    from pofe.training.dap import TokenPair
+
+    pi0 = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
+    policy = copy.deepcopy(pi0)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    # settings of their own (batch limits): an engine no earlier test has kept weights in
+    sampling = SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 768, "max_num_seqs": 8})
+    _start_engine(tiny64_dir, sampling)
+    g0, gp = generator_for(pi0, tokenizer, sampling), generator_for(policy, tokenizer, sampling)
+    assert g0.engine is gp.engine
+    ids = [tuple(tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
+    pairs = [TokenPair(ids[0], (11, 12, 13), (14,), 1.0, "a"), TokenPair(ids[1], (15, 16), (17, 18, 19, 20), 1.0, "b")]
+    seqs = [(p.prompt_ids, p.chosen_ids) for p in pairs] + [(p.prompt_ids, p.rejected_ids) for p in pairs]
+    return g0, gp, seqs
+
+
+def test_frozen_weights_are_kept_in_the_shared_engine_and_swapped_back_exactly(tiny64_dir, tokenizer, monkeypatch):
+    """After freeze(), the policy's push keeps pi_0's weights in the engine; pi_0's next read swaps them
+    back (no file read, no reload) and gives the very bits pi_0 gave before; the policy's next push is an
+    ordinary reload and reads what it read before."""
+    import pofe.generation.vllm as V
+
+    g0, gp, seqs = _shared_pi0_and_policy(tiny64_dir, tokenizer)
+    eng = g0.engine
+    swaps = eng.swaps  # the pooled engine may have served an earlier test
+    first = g0.completion_logprobs(seqs)
+    g0.freeze()
+    pol = gp.completion_logprobs(seqs)
+    assert eng.kept is not None and eng.kept.fp == g0._synced and eng.swaps == swaps
+    reloads = []
+    monkeypatch.setattr(V, "read_safetensors", lambda path: pytest.fail("pi_0 was read from its file"))
+    real_load = eng.load_full
+    monkeypatch.setattr(eng, "load_full", lambda w, fp: (reloads.append(fp), real_load(w, fp)))
+    syncs = g0.syncs
+    for _ in range(2):  # pi_0, policy, pi_0, policy: swaps for pi_0, reloads for the policy
+        assert g0.completion_logprobs(seqs) == first
+        assert gp.completion_logprobs(seqs) == pol
+    assert eng.swaps == swaps + 2 and g0.syncs == syncs + 2 and eng.kept.verified
+    assert reloads == [gp._synced, gp._synced]
+    # what runs when pi_0's generator is collected (a test cannot count on collection: pytest's log
+    # capture keeps tracebacks whose frames hold it)
+    assert [f.alive for f in g0._forgets] == [True]
+    g0._forgets[0]()
+    assert eng.kept is None and not eng.frozen  # pi_0's generator gone: nothing kept for it
+
+
+def test_a_swap_that_does_not_reproduce_the_kept_weights_falls_back_to_reloading(tiny64_dir, tokenizer, monkeypatch,
+                                                                                 caplog):
+    """The first swap is checked against pi_0's probe log-probs: a swap that leaves other weights in
+    place (here: one that installs nothing) is caught, the kept copy dropped, and pi_0 reloaded from its
+    file, so the read is still pi_0's."""
+    import pofe.generation.kept_weights as K
+
+    g0, gp, seqs = _shared_pi0_and_policy(tiny64_dir, tokenizer)
+    eng = g0.engine
+    eng.can_keep, swaps = True, eng.swaps  # the pooled engine may have served an earlier test
+    first = g0.completion_logprobs(seqs)
+    g0.freeze()
+    gp.completion_logprobs(seqs)
+    assert eng.kept is not None
+    monkeypatch.setattr(K, "install", lambda model, state: None)
+    with caplog.at_level("WARNING", logger="pofe.generation.vllm"):
+        got = g0.completion_logprobs(seqs)
+    assert "swapping kept weights back failed" in caplog.text and "probe" in caplog.text
+    assert eng.kept is None and not eng.can_keep and eng.swaps == swaps
+    assert torch.allclose(torch.tensor(got), torch.tensor(first), atol=1e-5)
+
+
 def _args(tmp_path, model_dir, name, *more):
     sets = [f"model.name={model_dir}", "train.steps=4", "train.batch_size=2", "sampling.max_new_tokens=5",
             "optim.lr=1e-3", "optim.warmup_steps=0", "checkpoint.every=2", "eval.enabled=false", "log.progress=false",

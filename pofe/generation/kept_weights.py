@@ -1,0 +1,84 @@
+"""A frozen model's weights kept inside a shared CPU vLLM engine, put back by a swap instead of a reload.
+
+Why: when pi_0 (the annotator and the reference) shares the sampler's engine, each online step
+loads pi_0 before judging and the policy again before sampling. A ``reload_weights`` of
+SmolLM2-135M takes ~0.2 s on 2 cores: ~0.08 s of it repacks every linear layer for oneDNN
+(``create_onednn_mm_handler``), ~0.04 s copies, the rest is vLLM's layer-wise loading machinery;
+pi_0's push also read its weights back from a file first. pi_0 never changes, so its packed
+form can simply be kept: vLLM's CPU linears hold their packed weights in a ``cpu_linear``
+closure (the ``weight`` parameter is emptied), and a reload makes *new* closures, so holding
+pi_0's closures keeps its packed weights alive. The remaining parameters (embedding, norms,
+biases) are copied back into the engine's own tensors, whose identity vLLM's reload preserves.
+Measured on the bar model: a swap takes ~0.01 s.
+
+What it costs: the copy of those remaining parameters (SmolLM2: the 56 MB tied embedding and the
+norms), and, while the policy's weights are in the engine, pi_0's packed linears beside them; when
+pi_0 is swapped in, the policy's packed linears are dropped (the next reload makes new ones).
+
+Guard: the first swap is checked against pi_0's own prompt log-probs of a fixed probe sequence,
+read before it was replaced; any difference (an architecture or vLLM version that derives weight
+state elsewhere) drops the kept copy and falls back to reloading, with a warning. CPU engines
+only: on CUDA vLLM's linears keep plain weights and graphs capture their addresses; that path is
+untested, so it reloads as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PROBE_TOKENS = 24  # prompt log-probs of this many fixed token ids: the swap's check
+
+
+@dataclass
+class KeptWeights:
+    """One weight set kept beside the engine's live one: ``fp`` the fingerprint the engine records
+    for it (``Engine.holds``), ``state`` what :func:`install` puts back, ``probe`` its log-probs on
+    the probe ids, ``verified`` once a swap reproduced them exactly."""
+
+    fp: tuple
+    state: Any
+    probe: list[float] = field(default_factory=list)
+    verified: bool = False
+
+
+def capture(model: torch.nn.Module) -> tuple[list, list]:
+    """What :func:`install` needs to make ``model`` (vLLM's model object) compute with the weights
+    it holds now: a copy of each non-empty parameter (a tied one once) with its module and name,
+    and each module's ``cpu_linear`` closure (vLLM-CPU's packed linear weight lives in it)."""
+    seen: set[int] = set()
+    params, linears = [], []
+    with torch.no_grad():
+        for mod in model.modules():
+            for name, p in mod._parameters.items():
+                if p is None or p.numel() == 0 or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                params.append((mod, name, p.detach().clone()))
+            lin = mod.__dict__.get("cpu_linear")
+            if lin is not None:
+                linears.append((mod, lin))
+    return params, linears
+
+
+def install(model: torch.nn.Module, state: tuple[list, list]) -> None:
+    """Put a :func:`capture`d weight set back into ``model``: copies into the engine's current
+    tensors (in place: vLLM's reload and any captured graph keep referring to them) and the kept
+    closures in place of the current ones (the current packed weights are freed with them)."""
+    params, linears = state
+    with torch.no_grad():
+        for mod, name, saved in params:
+            cur = mod._parameters[name]
+            if cur is None or cur.shape != saved.shape or cur.dtype != saved.dtype:
+                raise RuntimeError(f"{type(mod).__name__}.{name}: the engine's tensor changed shape or dtype "
+                                   f"({None if cur is None else tuple(cur.shape)} vs {tuple(saved.shape)})")
+            cur.copy_(saved)
+        for mod, lin in linears:
+            mod.cpu_linear = lin
+
+
+def probe_ids(vocab_size: int) -> list[int]:
+    """A fixed token sequence inside any vocabulary (the check needs the same ids both times)."""
+    return [(7 + 13 * i) % vocab_size for i in range(PROBE_TOKENS)]
