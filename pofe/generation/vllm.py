@@ -15,6 +15,8 @@ Weight sync (:meth:`VLLMGenerator.sync`):
 * Full fine-tuning: ``collective_rpc("reload_weights", weights_iterator=...)``, vLLM's
   supported in-place update; it redoes the CPU backend's weight repacking, which is why
   writing into ``model.load_weights`` directly fails on CPU (shared/docs/vllm-cpu.md).
+* Frozen weights (pi_0) sharing a CPU engine with the policy are kept there when the policy's
+  push replaces them, and swapped back instead of reloaded (:mod:`pofe.generation.kept_weights`).
 
 Staleness is detected, not assumed: a fingerprint of the bound model's parameter version
 counters (every in-place update - optimiser step, ``load_state_dict`` - bumps them) is
@@ -35,7 +37,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -205,8 +207,9 @@ _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16
               "BOOL": torch.bool}
 
 
-def read_safetensors(path: str) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) of a safetensors file, each read into memory of its own with plain reads.
+def read_safetensors(path: str, names: Collection[str] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of a safetensors file (only ``names`` it holds, when given), each read into
+    memory of its own with plain reads.
 
     Why not ``safetensors.safe_open``: it maps the file, and the mapped pages count in this
     process's resident memory while the tensors are read; a frozen generator's push runs every
@@ -218,7 +221,7 @@ def read_safetensors(path: str) -> list[tuple[str, torch.Tensor]]:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
         for name, meta in header.items():
-            if name == "__metadata__":
+            if name == "__metadata__" or (names is not None and name not in names):
                 continue
             start, end = meta["data_offsets"]
             dtype = _ST_DTYPES.get(meta["dtype"])
@@ -334,7 +337,7 @@ class Engine:
         self._tmp = tempfile.TemporaryDirectory(prefix="pofe-vllm-lora-")
         # Weights that never change (a frozen generator's, e.g. pi_0) are kept in the engine when another
         # model's push replaces them, and swapped back instead of reloaded (pofe.generation.kept_weights).
-        self.frozen: set[tuple] = set()
+        self.frozen: dict[tuple, str | None] = {}  # fingerprint -> the file those weights are pushed from
         self.kept: kept_weights.KeptWeights | None = None
         self.swaps = 0
         self.can_keep = (not torch.cuda.is_available() and lora_rank is None and settings.tensor_parallel_size == 1
@@ -376,13 +379,19 @@ class Engine:
     def _keep(self, fp: tuple) -> None:
         """Keep the weights the engine holds now (fingerprint ``fp``), replacing any kept before."""
         self.kept = None  # one kept set at most: its memory is freed before the new one is taken
+        source = self.frozen.get(fp)
         try:
             probe = self._probe()
-            self.kept = kept_weights.KeptWeights(fp, self.llm.apply_model(kept_weights.capture)[0], probe)
+            state = self.llm.apply_model(lambda model: kept_weights.capture(model, self._reader(source)))[0]
+            self.kept = kept_weights.KeptWeights(fp, state, source, probe)
         except Exception as e:  # an engine whose model cannot be read this way: reload as before
             log.warning("vLLM engine: cannot keep frozen weights for swapping (%s: %s); reloading them each time",
                         type(e).__name__, e)
             self.kept, self.can_keep = None, False
+
+    @staticmethod
+    def _reader(path: str | None):
+        return None if path is None else (lambda names: dict(read_safetensors(path, set(names))))
 
     def restore(self, fp: tuple) -> bool:
         """Swap kept weights ``fp`` back in; False (nothing changed, or the engine marked "broken" for the
@@ -392,7 +401,7 @@ class Engine:
             return False
         self.holds = "broken"  # until the swap is done (and checked)
         try:
-            self.llm.apply_model(lambda model: kept_weights.install(model, kept.state))
+            self.llm.apply_model(lambda model: kept_weights.install(model, kept.state, self._reader(kept.source)))
             if not self.llm.reset_prefix_cache():  # prompt KV cached from the replaced weights
                 raise EngineSyncError("vLLM could not reset its prefix cache after a weight swap")
             if not kept.verified:
@@ -412,7 +421,7 @@ class Engine:
 
     def forget(self, fp: tuple) -> None:
         """``fp``'s owner is gone: stop keeping its weights."""
-        self.frozen.discard(fp)
+        self.frozen.pop(fp, None)
         if self.kept is not None and self.kept.fp == fp:
             self.kept = None
 
@@ -560,7 +569,7 @@ class VLLMGenerator:
             return
         if self.weights_file is None and (self.model is None or any(p.requires_grad for p in self.model.parameters())):
             return
-        eng.frozen.add(fp)
+        eng.frozen[fp] = self.weights_file
         self._forgets.append(weakref.finalize(self, eng.forget, fp))
 
     def _check_sync(self) -> None:

@@ -43,7 +43,8 @@ class ReferenceSettings(PofeConfig):
     fine-tuning); measured against the trainer's pass on the first step and used only within
     ``max_gap``, after which the trainer's pi_0 copy is freed. When the annotator shares the policy
     sampler's engine (identical vLLM settings), the reads come after judging, while it holds pi_0,
-    and pi_0 is pushed from a file of its weights from then on."""
+    and pi_0 is pushed from a file of its weights from then on (on CPU swapped back in: see
+    :mod:`pofe.generation.kept_weights`)."""
     max_gap: float = Field(0.02, gt=0)
     """Largest mean |log pi_0 engine - log pi_0 trainer| per response token (nats), measured on the
     first step's pairs, at which the engine replaces the trainer's reference pass. Measured on

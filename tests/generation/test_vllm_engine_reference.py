@@ -124,8 +124,14 @@ def test_frozen_weights_are_kept_in_the_shared_engine_and_swapped_back_exactly(t
     g0.freeze()
     pol = gp.completion_logprobs(seqs)
     assert eng.kept is not None and eng.kept.fp == g0._synced and eng.swaps == swaps
-    reloads = []
-    monkeypatch.setattr(V, "read_safetensors", lambda path: pytest.fail("pi_0 was read from its file"))
+    reloads, reads, real_read = [], [], V.read_safetensors
+
+    def read(path, names=None):
+        assert names is not None, "pi_0's whole file was read"
+        reads.append(real_read(path, names))
+        return reads[-1]
+
+    monkeypatch.setattr(V, "read_safetensors", read)
     real_load = eng.load_full
     monkeypatch.setattr(eng, "load_full", lambda w, fp: (reloads.append(fp), real_load(w, fp)))
     syncs = g0.syncs
@@ -134,6 +140,10 @@ def test_frozen_weights_are_kept_in_the_shared_engine_and_swapped_back_exactly(t
         assert gp.completion_logprobs(seqs) == pol
     assert eng.swaps == swaps + 2 and g0.syncs == syncs + 2 and eng.kept.verified
     assert reloads == [gp._synced, gp._synced]
+    # each swap read back only the tensors vLLM keeps unpacked (embedding, norms), not the linears
+    assert len(reads) == 2 and {n for n, _ in reads[0]} == {n for n, _ in reads[1]}
+    assert "model.embed_tokens.weight" in {n for n, _ in reads[0]}
+    assert not [n for n, _ in reads[0] if "proj" in n]
     # what runs when pi_0's generator is collected (a test cannot count on collection: pytest's log
     # capture keeps tracebacks whose frames hold it)
     assert [f.alive for f in g0._forgets] == [True]
@@ -155,7 +165,7 @@ def test_a_swap_that_does_not_reproduce_the_kept_weights_falls_back_to_reloading
     g0.freeze()
     gp.completion_logprobs(seqs)
     assert eng.kept is not None
-    monkeypatch.setattr(K, "install", lambda model, state: None)
+    monkeypatch.setattr(K, "install", lambda model, state, read=None: None)
     with caplog.at_level("WARNING", logger="pofe.generation.vllm"):
         got = g0.completion_logprobs(seqs)
     assert "swapping kept weights back failed" in caplog.text and "probe" in caplog.text
