@@ -565,7 +565,7 @@ class VLLMGenerator:
         frozen file, or a model with nothing to train): another model's push then keeps them for a swap
         back. Dropped with the generator."""
         eng, fp = self.engine, self._synced
-        if eng.lora or fp is None or fp in eng.frozen:
+        if eng.lora or fp is None or fp in eng.frozen or not self.settings.keep_frozen:
             return
         if self.weights_file is None and (self.model is None or any(p.requires_grad for p in self.model.parameters())):
             return

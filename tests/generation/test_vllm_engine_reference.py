@@ -86,7 +86,7 @@ def _start_engine(model_dir, sampling):
     shared_engine(str(model_dir), sampling.vllm)
 
 
-def _shared_pi0_and_policy(tiny64_dir, tokenizer):
+def _shared_pi0_and_policy(tiny64_dir, tokenizer, **vllm):
     import copy
 
     from transformers import AutoModelForCausalLM
@@ -101,7 +101,7 @@ def _shared_pi0_and_policy(tiny64_dir, tokenizer):
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     # settings of their own (batch limits): an engine no earlier test has kept weights in
-    sampling = SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 768, "max_num_seqs": 8})
+    sampling = SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 768, "max_num_seqs": 8, **vllm})
     _start_engine(tiny64_dir, sampling)
     g0, gp = generator_for(pi0, tokenizer, sampling), generator_for(policy, tokenizer, sampling)
     assert g0.engine is gp.engine
@@ -264,3 +264,18 @@ def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_d
     assert tmp is not None and path == tmp.name
     assert (Path(path) / "config.json").exists() and (Path(path) / "model.safetensors").exists()
     tmp.cleanup()
+
+
+def test_keep_frozen_false_reloads_the_frozen_weights_each_time(tiny64_dir, tokenizer):
+    g0, gp, seqs = _shared_pi0_and_policy(tiny64_dir, tokenizer, keep_frozen=False)
+    eng = g0.engine
+    eng.can_keep, swaps = True, eng.swaps  # the pooled engine may have served an earlier test
+    first = g0.completion_logprobs(seqs)
+    g0.freeze()
+    pol = gp.completion_logprobs(seqs)
+    syncs = g0.syncs
+    again = g0.completion_logprobs(seqs)
+    assert g0._synced not in eng.frozen and (eng.kept is None or eng.kept.fp != g0._synced)
+    assert eng.swaps == swaps and g0.syncs == syncs + 1  # pushed from its file, not swapped
+    assert torch.allclose(torch.tensor(again), torch.tensor(first), atol=1e-5)
+    assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), torch.tensor(pol), atol=1e-5)
