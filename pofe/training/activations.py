@@ -5,10 +5,14 @@ not in the matmuls but around them (SmolLM2-135M, 4 bar pairs, ~640 tokens: ~1.0
 the backward, ~1.6 MB per token):
 
 * each RMSNorm keeps its fp32 input *and* its fp32 normalised value;
-* SwiGLU keeps ``silu(gate)`` besides ``gate`` and ``up``.
+* SwiGLU keeps ``silu(gate)`` besides ``gate`` and ``up``;
+* eager attention keeps k and v repeated to every query head, the fp32 softmax and its cast
+  (the bar's response pass: ~5.2 MB per layer, where q, the unrepeated k and v and the masked
+  scores before the mask is added, ~2.0 MB, are enough).
 
-:func:`lean_activations` runs those two pieces as autograd functions that keep only their
-inputs and recompute the elementwise rest in the backward (no matmul is recomputed). Their
+:func:`lean_activations` runs those pieces as autograd functions that keep only their
+inputs and recompute the elementwise rest in the backward (no matmul is recomputed; the
+attention's softmax and its inputs' repetition are). Their
 backward replays the formulas autograd would apply to the original ops, kernel for kernel: the
 losses are bitwise equal and the gradients equal up to the order fp32 sums a tensor's
 contributions (<= 5e-7 of each gradient's largest entry; ``tests/training/test_activations.py``). Explicit
@@ -21,9 +25,10 @@ projection that reads it, q/k/v and gate/up, and saves each copy) would save ~0.
 the gradients of those projections would then be summed in bf16 on that one tensor instead of
 in fp32 after each cast's backward: measured 2e-3 relative on the tied embedding's gradient.
 
-Only module classes whose forward is known are touched (Llama's RMSNorm and gated MLP, which
-Qwen2, Mistral and SmolLM share verbatim), and only once a probe has shown the installed class
-still computes what the replacement computes; anything else runs as before. It is a no-op without
+Only module classes whose forward is known are touched (Llama's RMSNorm, gated MLP and eager
+attention function, which Qwen2, Mistral and SmolLM share verbatim), and only once a probe has
+shown the installed code still computes what the replacement computes (the attention: its output
+and all three input gradients bit for bit); anything else runs as before. It is a no-op without
 gradients, for modules in eval mode, for sharded models (FSDP2 / ZeRO-3 gather a module's
 parameters around its own call, and a recompute in the backward would bypass that), and under
 the model's own gradient checkpointing.
@@ -32,6 +37,8 @@ the model's own gradient checkpointing.
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 from collections.abc import Iterator
 
 import torch
@@ -44,6 +51,8 @@ from pofe.training.precision import checkpointing, hf_model, sharded
 # and ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``.
 _NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"})
 _MLPS = frozenset({"LlamaMLP", "Qwen2MLP", "MistralMLP"})
+# Attention classes whose modeling module's ``eager_attention_forward`` is, verbatim, Llama's.
+_ATTENTIONS = frozenset({"LlamaAttention", "Qwen2Attention", "MistralAttention"})
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -95,6 +104,108 @@ class _RMSNorm(torch.autograd.Function):
             grad_sq = ((-0.5 * grad_r) * r.pow(3)).expand(x32.shape) / x32.shape[-1]
             grad_x = (grad_n * r + grad_sq * (2.0 * x32.pow(1.0))).to(x.dtype)
         return grad_x, grad_w, None
+
+
+def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
+    """transformers' ``repeat_kv``: (b, kv heads, s, d) -> (b, kv heads * n, s, d)."""
+    if n == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Llama's eager attention, ``softmax(q k^T * scaling + mask, fp32).to(q.dtype) v`` with k and v
+    repeated to every query head, saving q, the unrepeated k and v, and the scores before the mask
+    (the mask is one tensor shared by every layer). The backward recomputes the repetition and the
+    softmax and replays autograd's formulas for the graph the original records (derivatives.yaml:
+    bmm, ``_softmax_backward_data``, the casts, mul by the scale, expand's sum): input gradients
+    bit for bit those of the original (checked by :func:`_attention_agrees` before use)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, mask, scaling: float, n_rep: int):
+        ctx.dtypes = (query.dtype, key.dtype, value.dtype)
+        if torch.is_autocast_enabled(query.device.type):
+            # what autocast's matmuls would cast them to (q and k come out of RoPE in fp32): the casts are
+            # what the original saves, and the gradients flow back through them (to() -> to() back)
+            low = torch.get_autocast_dtype(query.device.type)
+            query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
+        k, v = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)
+        scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+        x = scores + mask if mask is not None else scores
+        ctx.save_for_backward(query, key, value, scores, mask)
+        ctx.scaling, ctx.n_rep, ctx.x_dtype = scaling, n_rep, x.dtype
+        return torch.matmul(F.softmax(x, dim=-1, dtype=torch.float32).to(query.dtype), v)
+
+    @staticmethod
+    @once_differentiable  # the replayed formulas are not themselves recorded: no double backward
+    def backward(ctx, grad: torch.Tensor):
+        query, key, value, scores, mask = ctx.saved_tensors
+        n = ctx.n_rep
+        k, v = _repeat_kv(key, n), _repeat_kv(value, n)
+        p32 = F.softmax(scores + mask if mask is not None else scores, dim=-1, dtype=torch.float32)
+        grad_v = p32.to(query.dtype).transpose(-1, -2).matmul(grad)
+        grad_x = torch._softmax_backward_data(grad.matmul(v.transpose(-1, -2)).to(torch.float32), p32, -1,
+                                              torch.float32)
+        grad_s = grad_x.to(ctx.x_dtype).to(scores.dtype) * ctx.scaling  # the mask's add, then the scale
+        # back through autocast's casts (a no-op without autocast), which the original applies to the
+        # *repeated* k and v: their heads are summed after the cast, in the inputs' dtype
+        grad_q = grad_s.matmul(k).to(ctx.dtypes[0])
+        grad_k = query.transpose(-1, -2).matmul(grad_s).transpose(-1, -2).to(ctx.dtypes[1])
+        grad_v = grad_v.to(ctx.dtypes[2])
+        if n > 1:  # repeat_kv's expand: its gradient is the sum over the repeated heads
+            b, h, sk, d = key.shape
+            grad_k = grad_k.reshape(b, h, n, sk, d).sum(2)
+            grad_v = grad_v.reshape(b, h, n, sk, d).sum(2)
+        return grad_q, grad_k, grad_v, None, None, None
+
+
+def _lean_eager(orig):
+    """A stand-in for a modeling module's ``eager_attention_forward`` (same signature) that runs
+    :class:`_EagerAttention` when a training forward needs gradients, ``orig`` otherwise. It returns
+    no attention probabilities (nothing in a training forward reads them)."""
+
+    def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        if not (_active(module) and dropout == 0.0 and (query.requires_grad or key.requires_grad
+                                                        or value.requires_grad)):
+            return orig(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        out = _EagerAttention.apply(query, key, value, attention_mask, scaling, module.num_key_value_groups)
+        return out.transpose(1, 2).contiguous(), None
+
+    eager_attention_forward.pofe_original = orig
+    return eager_attention_forward
+
+
+_ATT_AGREES: dict[tuple, bool] = {}
+
+
+def _attention_agrees(modeling: types.ModuleType) -> bool:
+    """Whether ``modeling.eager_attention_forward`` computes what :class:`_EagerAttention` computes:
+    output and the gradients of q, k and v bit for bit on random fp32 inputs (4 query heads over 2
+    KV heads, a padding mask), with a private RNG, under the current CPU autocast. Checked once per
+    modeling module and autocast dtype."""
+    cast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    name = (modeling.__name__, cast)  # checked under the autocast the forwards will run in
+    if name not in _ATT_AGREES:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(*shape, generator=g) for shape in ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8)))
+        mask = torch.zeros(2, 1, 3, 5)
+        mask[0, :, :, :2] = torch.finfo(torch.float32).min
+        grad = torch.randn(2, 3, 4, 8, generator=g)
+        stand_in = types.SimpleNamespace(num_key_value_groups=2, training=True)
+        try:
+            with torch.enable_grad():
+                results = []
+                for run in (lambda *a: modeling.eager_attention_forward(stand_in, *a, scaling=0.35)[0],
+                            lambda *a: _EagerAttention.apply(*a, 0.35, 2).transpose(1, 2).contiguous()):
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    out = run(*leaves, mask)
+                    out.backward(grad)
+                    results.append([out.detach()] + [t.grad for t in leaves])
+            _ATT_AGREES[name] = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(*results))
+        except Exception:  # any surprise in the function: leave it alone
+            _ATT_AGREES[name] = False
+    return _ATT_AGREES[name]
 
 
 def _active(module: torch.nn.Module) -> bool:
@@ -168,6 +279,7 @@ def lean_activations(model: torch.nn.Module) -> Iterator[int]:
     module docstring); yields how many modules were switched. The backward may run after the
     block: the autograd functions recorded in the graph do not depend on the switch."""
     swapped: list[tuple[torch.nn.Module, type]] = []
+    patched: list[tuple[types.ModuleType, object]] = []
     # With the model's own gradient checkpointing the layers' activations are recomputed already.
     if not (sharded(model) or checkpointing(hf_model(model))):
         for m in model.modules():
@@ -175,8 +287,19 @@ def lean_activations(model: torch.nn.Module) -> Iterator[int]:
             if lean is not None and (lean.__mro__[1] is not _LeanMLP or _swiglu_mlp(m)) and _agrees(m, lean):
                 swapped.append((m, type(m)))
                 m.__class__ = lean
+            if type(m).__name__ in _ATTENTIONS:
+                # The attention's forward looks its eager function up in its modeling module at each
+                # call: that global is switched (only while the block runs; the stand-in falls back to
+                # the original without gradients, so another model's no-grad forward is unchanged).
+                modeling = sys.modules.get(type(m).__module__)
+                own = getattr(modeling, "eager_attention_forward", None)
+                if own is not None and not hasattr(own, "pofe_original") and _attention_agrees(modeling):
+                    patched.append((modeling, own))
+                    modeling.eager_attention_forward = _lean_eager(own)
     try:
         yield len(swapped)
     finally:
         for m, cls in swapped:
             m.__class__ = cls
+        for modeling, own in patched:
+            modeling.eager_attention_forward = own

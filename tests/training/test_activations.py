@@ -11,7 +11,7 @@ import torch
 
 from pofe.training.activations import lean_activations
 from pofe.training.dap import TokenPair, pair_logps
-from pofe.training.precision import autocast
+from pofe.training.precision import attention_for, autocast
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,24 +31,24 @@ def _qwen2(tokenizer):
     return Qwen2ForCausalLM(cfg)
 
 
-def _pass(model, pairs, pad, precision, lean, shared):
+def _pass(model, pairs, pad, precision, lean, shared, eager=False):
     """Summed pair log-probs' gradient, and the bytes of activations the forward saved for the backward
     (batch-shaped tensors other than the vocabulary-wide logits; weights and their casts are 2-D)."""
-    saved = []
+    saved = {}
     vocab = model.config.vocab_size
 
     def pack(t):
-        if t.dim() >= 3 and t.shape[-1] != vocab:
-            saved.append(t.numel() * t.element_size())
+        if t.dim() >= 3 and t.shape[-1] != vocab:  # one tensor saved by several ops (the mask) counts once
+            saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.numel() * t.element_size())
         return t
 
     model.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with autocast(precision, "cpu"), (lean_activations(model) if lean else _null()):
+        with autocast(precision, "cpu"), attention_for(model, eager), (lean_activations(model) if lean else _null()):
             lp = pair_logps(model, pairs, pad, "cpu", shared=shared)
     # the backward runs after the block, as in dap_backward: the checkpoints hold the original forwards
     (lp * torch.tensor([1.0, -0.5, 2.0] * 2)).sum().backward()
-    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sum(saved)
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sum(saved.values())
 
 
 class _null:
@@ -62,12 +62,13 @@ class _null:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("shared", [True, False])
-def test_same_numbers_and_fewer_saved_bytes(tiny_model, tokenizer, arch, precision, shared):
+@pytest.mark.parametrize("eager", [False, True])
+def test_same_numbers_and_fewer_saved_bytes(tiny_model, tokenizer, arch, precision, shared, eager):
     model = tiny_model if arch == "llama" else _qwen2(tokenizer)
     model.train()
     pairs = _pairs()
-    lp0, g0, bytes0 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=False, shared=shared)
-    lp1, g1, bytes1 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=True, shared=shared)
+    lp0, g0, bytes0 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=False, shared=shared, eager=eager)
+    lp1, g1, bytes1 = _pass(model, pairs, tokenizer.pad_token_id, precision, lean=True, shared=shared, eager=eager)
     assert torch.equal(lp0, lp1)
     assert g0.keys() == g1.keys()
     # The backward replays autograd's formulas; only the order in which a tensor's gradient
@@ -152,3 +153,49 @@ def test_the_probe_leaves_the_global_rng_alone(tokenizer):
     with lean_activations(model) as n:
         assert n == 7
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_eager_attention_saves_less_with_the_same_gradients(tiny_model, tokenizer):
+    """The attention alone: with eager attention, the lean pass saves less than with the norms and the
+    MLP switched only (the modeling module's function left as it is), and its numbers are unchanged."""
+    import transformers.models.llama.modeling_llama as modeling
+
+    tiny_model.train()
+    pairs = _pairs(1)
+    own = modeling.eager_attention_forward
+    with pytest.MonkeyPatch.context() as mp:
+        import pofe.training.activations as A
+
+        mp.setattr(A, "_attention_agrees", lambda modeling: False)
+        lp0, g0, bytes0 = _pass(tiny_model, pairs, tokenizer.pad_token_id, "bf16", lean=True, shared=True, eager=True)
+    assert modeling.eager_attention_forward is own
+    _pass(tiny_model, pairs, tokenizer.pad_token_id, "bf16", lean=True, shared=True, eager=True)  # the probe, once
+    lp1, g1, bytes1 = _pass(tiny_model, pairs, tokenizer.pad_token_id, "bf16", lean=True, shared=True, eager=True)
+    assert modeling.eager_attention_forward is own  # given back after the block
+    assert torch.equal(lp0, lp1)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n  # the attention's gradients are bit for bit the original's
+    # the tiny model (4 heads over 2, head dim 8, ~15 positions) is mostly norms and MLP: ~6% of its saves
+    assert bytes1 < 0.95 * bytes0, (bytes1, bytes0)
+
+
+def test_an_eager_attention_that_changed_is_left_alone(tiny_model, monkeypatch):
+    import pofe.training.activations as A
+    import transformers.models.llama.modeling_llama as modeling
+
+    own = modeling.eager_attention_forward
+
+    def changed(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        return own(module, query, key, value, attention_mask, scaling=scaling * 1.001, dropout=dropout, **kwargs)
+
+    monkeypatch.setattr(modeling, "eager_attention_forward", changed)
+    monkeypatch.setattr(A, "_ATT_AGREES", {})
+    tiny_model.train()
+    with lean_activations(tiny_model):
+        assert modeling.eager_attention_forward is changed
+    assert A._ATT_AGREES == {(modeling.__name__, None): False}
+    monkeypatch.setattr(modeling, "eager_attention_forward", own)
+    monkeypatch.setattr(A, "_ATT_AGREES", {})
+    with lean_activations(tiny_model):
+        assert modeling.eager_attention_forward.pofe_original is own
+    assert modeling.eager_attention_forward is own and A._ATT_AGREES == {(modeling.__name__, None): True}
