@@ -79,7 +79,7 @@ class VLLMSettings(PofeConfig):
     """CPU engines shared by frozen weights (pi_0 as annotator or reference) and the policy: keep the
     frozen weights' packed layers in the engine while the policy samples, and swap them back (~0.01 s)
     instead of reloading them (~0.25 s; the first swap is checked against pi_0's own log-probs). The
-    online bar: judge phase 1.21 -> 0.95 s, +0.03-0.1 GB peak RSS (one more copy of the packed weights
+    online bar: judge phase 1.21 -> 0.95 s, +0.03-0.11 GB peak RSS (one more copy of the packed weights
     while the policy samples). false: reload them each time. Read from the frozen generator's settings
     (``judge.vllm`` for the annotator)."""
     seed: int = 0
