@@ -168,9 +168,24 @@ def _atomic_dir(target: Path):
 # ----------------------------------------------------------------------------- checkpoints
 
 def _trainable_state_dict(model) -> dict[str, torch.Tensor]:
-    # Only what is trained (LoRA adapters, or everything for full fine-tuning).
+    # Only what is trained (LoRA adapters, or everything for full fine-tuning). The tensors are
+    # the model's own (a whole-model copy here was the run's peak of memory): save_file reads
+    # them synchronously; only a tensor that shares storage with one already taken, or is not
+    # contiguous, is copied, because safetensors refuses both.
     names = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in names}
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for k, v in model.state_dict().items():
+        if k not in names:
+            continue
+        v = v.detach()
+        key = (v.untyped_storage().data_ptr(), v.untyped_storage().nbytes())
+        if key in seen or not v.is_contiguous():
+            v = v.clone(memory_format=torch.contiguous_format)
+        else:
+            seen.add(key)
+        out[k] = v
+    return out
 
 
 def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, step: int,

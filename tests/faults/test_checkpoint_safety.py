@@ -177,3 +177,30 @@ def test_checkpoint_roundtrip_restores_optimizer_scheduler_and_rng_exactly(tmp_p
     train(fresh, opt2, sched2, 2)
     assert all(torch.equal(ref[k], v) for k, v in fresh.state_dict().items())
     assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_checkpoint_writes_the_models_own_tensors_and_copies_only_shared_or_strided_ones(tmp_path):
+    """No whole-model copy at save time (it was the online loop's memory peak), yet a parameter
+    that shares storage with another, or is not contiguous, still saves (safetensors refuses both
+    as they are) and every value reads back exactly."""
+    from safetensors.torch import load_file
+
+    from pofe.training.checkpoints import _trainable_state_dict
+
+    m = torch.nn.Module()
+    m.a = torch.nn.Parameter(torch.arange(12.0).reshape(3, 4))
+    m.b = torch.nn.Parameter(m.a.data)  # another Parameter object over a's storage
+    m.c = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3).t())  # transposed: not contiguous
+    m.d = torch.nn.Parameter(torch.ones(2), requires_grad=False)  # frozen: not checkpointed
+    sd = _trainable_state_dict(m)
+    assert sorted(sd) == ["a", "b", "c"]
+    assert sd["a"].data_ptr() == m.a.data_ptr()  # the model's own tensor, not a copy
+    assert sd["b"].data_ptr() != m.a.data_ptr() and sd["c"].is_contiguous()
+
+    from pofe.training import save_checkpoint
+
+    save_checkpoint(tmp_path / "c", model=m, step=1)
+    back = load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert sorted(back) == ["a", "b", "c"]
+    assert torch.equal(back["a"], torch.arange(12.0).reshape(3, 4)) and torch.equal(back["b"], back["a"])
+    assert torch.equal(back["c"], torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]))
