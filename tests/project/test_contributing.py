@@ -325,8 +325,11 @@ def test_adding_a_dap_loss(tmp_path, tiny_model_dir):
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["loss"] == "toy" and summary["beta"] == 0.5  # loss.beta null: DEFAULT_BETA["toy"]
     rows = [json.loads(x) for x in (tmp_path / "runs" / "on" / "metrics.jsonl").read_text().splitlines()]
-    # step 1: policy = reference, h = 0, every pair's (1 - 0)^2 = 1
-    assert rows[0]["loss"] == pytest.approx(1.0, abs=1e-6) and rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    # step 1: policy = reference, h = 0, every pair's (1 - 0)^2 = 1. The reference is a separate copy of
+    # the weights, and on an AMX Xeon the fp32 forward of a deep copy gave summed log-probs of ~-65 that
+    # differ by 3.8e-6 (1 ulp; the same model with and without grad agreed exactly), so "equal" is up
+    # to that rounding.
+    assert rows[0]["loss"] == pytest.approx(1.0, abs=1e-4) and rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-4)
     # step 2: the mean of (1 - m_i)^2 over the batch is at least (1 - mean m)^2 (Jensen), and it trained
     m = rows[1]["rewards/margins"]
     assert m != pytest.approx(0.0, abs=1e-6) and rows[1]["loss"] >= (1.0 - m) ** 2 - 1e-6
