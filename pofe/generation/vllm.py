@@ -45,7 +45,7 @@ import torch
 
 from pofe.generation.base import SamplingConfig, VLLMSettings
 from pofe.errors import PofeError
-from pofe.generation import kept_weights
+from pofe.generation import direct_push, kept_weights
 from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
 
@@ -342,6 +342,9 @@ class Engine:
         self.swaps = 0
         self.can_keep = (not torch.cuda.is_available() and lora_rank is None and settings.tensor_parallel_size == 1
                          and hasattr(self.llm, "apply_model"))
+        # The policy's pushes skip vLLM's reload machinery where the model's layout allows it
+        # (pofe.generation.direct_push); the first one is checked against a reload of the same weights.
+        self.can_direct, self.direct_verified = self.can_keep, False
 
     def generate(self, prompts, params, lora_request=None):
         from vllm.inputs import TokensPrompt
@@ -360,14 +363,50 @@ class Engine:
         # "Attempted to load weight ... with dtype torch.float32" conversion path.
         want = getattr(torch, self.settings.dtype)
         pairs = [(k, v.to(want)) for k, v in weights]  # vLLM's loaders copy into their own tensors
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
-        # The prefix cache holds prompt KV computed with the *old* weights, and reload_weights does not
-        # drop it: a prompt seen before (the chat template's system prefix, every prompt of a cycling
-        # dataset) would be continued from stale keys and values
+        direct = self._direct_push(pairs)
+        if direct is not True:  # not taken, or its first use, which a reload of the same weights checks
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+            self._reset_prefix_cache()
+            if direct is not None:
+                self._check_direct(direct)
+        self.holds = ("full", fp)
+
+    def _reset_prefix_cache(self) -> None:
+        # The prefix cache holds prompt KV computed with the *old* weights, and neither a reload nor a
+        # direct push drops it: a prompt seen before (the chat template's system prefix, every prompt of
+        # a cycling dataset) would be continued from stale keys and values
         # (tests/generation/test_vllm_engine.py::test_a_sync_drops_prompt_kv_cached_from_old_weights).
         if not self.llm.reset_prefix_cache():
             raise EngineSyncError("vLLM could not reset its prefix cache after a weight sync")
-        self.holds = ("full", fp)
+
+    def _direct_push(self, pairs: list[tuple[str, torch.Tensor]]) -> bool | list[float] | None:
+        """Push ``pairs`` with :mod:`pofe.generation.direct_push` where it may be used: True once the
+        path is verified; on its first use, the probe's log-probs it gave (the caller reloads the same
+        weights and compares); None when not taken (the caller reloads)."""
+        if not self.can_direct:
+            return None
+        weights = dict(pairs)
+        try:
+            if len(weights) != len(pairs):
+                raise ValueError("a weight name pushed twice")
+            self.llm.apply_model(lambda model: direct_push.push(model, weights))
+            self._reset_prefix_cache()
+            return True if self.direct_verified else self._probe()
+        except Exception as e:
+            log.warning("vLLM engine: direct weight push not used (%s: %s); reloading weights instead",
+                        type(e).__name__, e)
+            self.can_direct = False
+            return None
+
+    def _check_direct(self, direct_probe: list[float]) -> None:
+        got = self._probe()  # after the reload of the same weights
+        if got == direct_probe:
+            self.direct_verified = True
+            return
+        gap = max(abs(a - b) for a, b in zip(got, direct_probe))
+        log.warning("vLLM engine: the direct weight push differs from a reload (probe log-probs up to %.3g "
+                    "apart); reloading weights from now on", gap)
+        self.can_direct = False
 
     def _probe(self) -> list[float]:
         from vllm import SamplingParams

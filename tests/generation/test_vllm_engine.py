@@ -159,7 +159,8 @@ def test_failed_sync_stops_and_never_samples_old_weights(tiny64_dir, tokenizer, 
     def broken(*a, **k):
         raise RuntimeError("worker died")
 
-    monkeypatch.setattr(gen.engine.llm, "collective_rpc", broken)
+    monkeypatch.setattr(gen.engine.llm, "collective_rpc", broken)  # the reload
+    monkeypatch.setattr(gen.engine.llm, "apply_model", broken)  # the direct push (pofe.generation.direct_push)
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
     with pytest.raises(EngineSyncError, match="worker died"):

@@ -279,3 +279,51 @@ def test_keep_frozen_false_reloads_the_frozen_weights_each_time(tiny64_dir, toke
     assert eng.swaps == swaps and g0.syncs == syncs + 1  # pushed from its file, not swapped
     assert torch.allclose(torch.tensor(again), torch.tensor(first), atol=1e-5)
     assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), torch.tensor(pol), atol=1e-5)
+
+
+def test_the_direct_push_gives_what_a_reload_gives_and_a_wrong_one_is_caught(tiny64_dir, tokenizer, monkeypatch,
+                                                                             caplog):
+    """The policy's push skips vLLM's reload machinery (pofe.generation.direct_push); its first use is
+    compared with a reload of the same weights. Here: the engine's log-probs after a direct push equal
+    those after a reload of the same weights; a direct push that puts other weights in place (one
+    perturbed tensor) is caught on its first use, the path turned off, and the reload's weights read."""
+    import pofe.generation.direct_push as D
+
+    g0, gp, seqs = _shared_pi0_and_policy(tiny64_dir, tokenizer)
+    eng = gp.engine
+    assert eng.can_direct  # a CPU engine with full weights
+    eng.direct_verified = False  # the pooled engine may have verified it for an earlier test
+    with torch.no_grad():
+        for p in gp.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    direct_lp = gp.completion_logprobs(seqs)  # first use: direct push, then the reload it is checked by
+    assert eng.can_direct and eng.direct_verified
+    with torch.no_grad():
+        for p in gp.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    calls = []
+    real_push = D.push
+    monkeypatch.setattr(D, "push", lambda model, w: (calls.append(1), real_push(model, w)))
+    direct_lp = gp.completion_logprobs(seqs)  # verified: the direct push alone
+    direct_probe = eng._probe()
+    assert calls == [1]
+    eng.can_direct = False
+    eng.load_full(gp._full_weights(), gp._want())  # a reload of the very same weights
+    assert eng._probe() == direct_probe
+    assert gp.completion_logprobs(seqs) == direct_lp
+
+    def wrong(model, w):  # pushes one tensor changed: what a layout mismatch would do
+        w = dict(w)
+        w["model.norm.weight"] = w["model.norm.weight"] * 1.5
+        real_push(model, w)
+
+    monkeypatch.setattr(D, "push", wrong)
+    eng.can_direct, eng.direct_verified = True, False
+    with torch.no_grad():
+        for p in gp.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    with caplog.at_level("WARNING", logger="pofe.generation.vllm"):
+        caught = gp.completion_logprobs(seqs)
+    assert not eng.can_direct and "direct weight push differs from a reload" in caplog.text
+    eng.load_full(gp._full_weights(), gp._want())  # a plain reload (the path is off now)
+    assert gp.completion_logprobs(seqs) == caught  # what was read after the catch was the reload's
