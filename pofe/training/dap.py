@@ -195,7 +195,8 @@ def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, de
     embed = base.get_input_embeddings()
     inputs = cids[:, :-1]  # the last response token is never an input: its output would predict nothing scored
     flat = embed(torch.cat([pids.reshape(-1), inputs.reshape(-1)]))
-    p_emb, c_emb = flat[:pids.numel()].view(*pids.shape, flat.shape[-1]), flat[pids.numel():].view(*inputs.shape, flat.shape[-1])
+    h = flat.shape[-1]  # (-1 cannot stand for it when W == 1 leaves no response inputs)
+    p_emb, c_emb = (x.view(*t.shape, h) for x, t in zip(flat.split([pids.numel(), inputs.numel()]), (pids, inputs)))
     del flat
     out = model(inputs_embeds=p_emb, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, logits_to_keep=1)
