@@ -60,6 +60,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--keep-run", action="store_true",
                     help="keep the run folder (checkpoints, metrics); by default it is deleted after its metrics are read")
     args = ap.parse_args(argv)
+    from pofe.preload import allocator, restart_with_tcmalloc
+
+    if argv is None:  # run as a script: on tcmalloc when installed, as `pofe online` runs (POFE_TCMALLOC=0: glibc)
+        restart_with_tcmalloc("online")
 
     import torch
 
@@ -116,6 +120,7 @@ def main(argv=None) -> dict:
         "seconds_per_step_in_loop": round(med("time_step"), 2),
         "cpu_seconds_per_step": round(statistics.median(cpus), 2) if cpus else None,
         "threads": torch.get_num_threads(),
+        "allocator": allocator(),
         "time_split_s": {k: round(v, 2) for k, v in split.items()},
         "time_split_pct": {k: round(100 * v / sum(split.values()), 1) for k, v in split.items()},
         "gen_tokens_per_step": med("gen_tokens"),

@@ -66,7 +66,7 @@ def main() -> None:
         p = run_pofe(args.pofe, args.steps)
         pofe.append(p)
         print(f"round {r + 1} pofe: {p['seconds_per_step']} s/step  split {p.get('time_split_s')}  "
-              f"peak RSS {p.get('peak_rss_gb')} GB", flush=True)
+              f"peak RSS {p.get('peak_rss_gb')} GB  allocator {p.get('allocator', 'glibc')}", flush=True)
         t = run_trl(args.trl, args.steps)
         trl.append(t)
         print(f"round {r + 1} TRL : {t.get('seconds_per_step')} s/step  peak RSS {t.get('peak_rss_gb')} GB", flush=True)

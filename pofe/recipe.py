@@ -392,6 +392,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     config into ``recipe.cfg``). ``run_dir``: write here instead of a new folder under ``cfg.run``
     (an existing checkpoint there is resumed; a finished folder returns its summary)."""
     from pofe.evaluation.audit import gate
+    from pofe.preload import allocator
     from pofe.training.allocator import bound_primitive_cache, keep_freed_memory
     from pofe.training.checkpoints import final_complete, seed_everything
     from pofe.training.guards import fault_point
@@ -410,6 +411,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     # a given stage folder resumes whatever checkpoint it holds; a new run has none to load
     run = RunContext(dir=path, resumed=resume is not None or run_dir is not None, acc=acc)
     keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
+    log.info("%s: memory allocator %s", recipe.command, allocator())
     seed_everything(cfg.seed)
     sink = bar = stopped = None
     step = 0

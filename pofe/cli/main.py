@@ -242,6 +242,9 @@ def _root(
 
 
 def main() -> None:
+    from pofe.preload import command_of, restart_with_tcmalloc
+
+    restart_with_tcmalloc(command_of(sys.argv[1:]), sys.argv[1:])  # a model command on tcmalloc, when installed
     app()
 
 
