@@ -25,7 +25,7 @@ import glob
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 MODEL_COMMANDS = frozenset({"online", "sft", "rm", "rl", "self-reward", "cai", "label", "judge", "audit", "eval",
                             "chat", "export"})
@@ -55,21 +55,26 @@ def command_of(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def preload_env(command: str | None, argv: Sequence[str], environ: Mapping[str, str], library: str | None,
-                platform: str = sys.platform) -> dict[str, str] | None:
-    """The environment to restart ``command`` with, or None to go on as is (see the module docstring)."""
-    preload = environ.get("LD_PRELOAD", "")
-    if (library is None or not platform.startswith("linux") or command not in MODEL_COMMANDS
+def preload_env(command: str | None, argv: Sequence[str], environ: Mapping[str, str],
+                library: Callable[[], str | None], platform: str = sys.platform) -> dict[str, str] | None:
+    """The environment to restart ``command`` with, or None to go on as is (see the module docstring).
+    ``library`` (:func:`tcmalloc_library`) is asked last: it runs ``ldconfig``, which neither
+    ``pofe --help`` nor the restarted process needs."""
+    if (not platform.startswith("linux") or command not in MODEL_COMMANDS
             or environ.get("POFE_TCMALLOC", "1") == "0" or environ.get(_RESTARTED)
-            or any(k in preload for k in ("tcmalloc", "jemalloc"))
+            or preloaded_allocator(environ) is not None
             or any(k.startswith("MALLOC_") for k in environ)
             or any(a in ("--help", "-h") for a in argv)):
         return None
+    lib = library()
+    if lib is None:
+        return None
+    preload = environ.get("LD_PRELOAD", "")
     env = dict(environ)
-    env["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+    env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
     env[_RESTARTED] = "1"
-    # gperftools prints a line with a stack for every allocation over 1 GiB (a 7B model's weights):
-    # noise on stderr, not a problem
+    # gperftools prints a line with a stack for every allocation over 1 GiB (its default threshold;
+    # a 7B model's weights): noise on stderr, not a problem
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(2**60))
     return env
 
@@ -77,9 +82,7 @@ def preload_env(command: str | None, argv: Sequence[str], environ: Mapping[str, 
 def restart_with_tcmalloc(command: str | None, argv: Sequence[str] = ()) -> None:
     """Replace this process with the same command line under tcmalloc when :func:`preload_env`
     says so; returns (and the command runs on glibc) otherwise or if the restart fails."""
-    if command not in MODEL_COMMANDS or os.environ.get("POFE_TCMALLOC") == "0":
-        return  # before looking for the library (ldconfig): `pofe --help` stays instant
-    env = preload_env(command, argv, os.environ, tcmalloc_library())
+    env = preload_env(command, argv, os.environ, tcmalloc_library)
     orig = getattr(sys, "orig_argv", None)
     if env is None or not sys.executable or not orig:
         return
@@ -91,8 +94,11 @@ def restart_with_tcmalloc(command: str | None, argv: Sequence[str] = ()) -> None
         return
 
 
+def preloaded_allocator(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The tcmalloc or jemalloc library in ``LD_PRELOAD``, if any: the user's (or this module's) choice."""
+    return next((p for p in environ.get("LD_PRELOAD", "").split(":") if "tcmalloc" in p or "jemalloc" in p), None)
+
+
 def allocator() -> str:
     """The allocator this process runs on, for the run's log: the preloaded library or ``glibc``."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    lib = next((p for p in preload.split(":") if "tcmalloc" in p or "jemalloc" in p), None)
-    return lib or "glibc"
+    return preloaded_allocator() or "glibc"

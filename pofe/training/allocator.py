@@ -52,9 +52,10 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    preload = os.environ.get("LD_PRELOAD", "")
+    from pofe.preload import preloaded_allocator
+
     if os.environ.get("POFE_MALLOC_TUNING", "1") == "0" or any(k in os.environ for k in _ENV) \
-            or "jemalloc" in preload or "tcmalloc" in preload:
+            or preloaded_allocator() is not None:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -56,12 +56,14 @@ def test_a_model_command_restarts_with_tcmalloc_first_in_ld_preload_and_only_onc
 
     argv = ["-v", "online", "--config", "x.yaml"]
     assert command_of(argv) == "online"
-    env = preload_env("online", argv, {"PATH": "/bin", "LD_PRELOAD": "/x/libgomp.so"}, LIB, platform="linux")
+    env = preload_env("online", argv, {"PATH": "/bin", "LD_PRELOAD": "/x/libgomp.so"}, lambda: LIB, platform="linux")
     assert env == {"PATH": "/bin", "LD_PRELOAD": f"{LIB}:/x/libgomp.so", "_POFE_TCMALLOC_RESTARTED": "1",
                    "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**60)}
-    assert preload_env("online", argv, {}, LIB, platform="linux")["LD_PRELOAD"] == LIB
-    assert preload_env("online", argv, env, LIB, platform="linux") is None  # the restarted process goes on
-    assert preload_env("online", argv, {"_POFE_TCMALLOC_RESTARTED": "1"}, LIB, platform="linux") is None
+    assert preload_env("online", argv, {}, lambda: LIB, platform="linux")["LD_PRELOAD"] == LIB
+    never = lambda: pytest.fail("looked for the library where nothing would use it")  # noqa: E731
+    assert preload_env("online", argv, env, never, platform="linux") is None  # the restarted process goes on
+    assert preload_env("online", argv, {"_POFE_TCMALLOC_RESTARTED": "1"}, never, platform="linux") is None
+    assert preload_env("report", ["report"], {}, never, platform="linux") is None
 
 
 @pytest.mark.parametrize("command, argv, environ, lib, plat", [
@@ -77,7 +79,7 @@ def test_a_model_command_restarts_with_tcmalloc_first_in_ld_preload_and_only_onc
 def test_no_restart_where_the_user_or_the_machine_decided_otherwise(command, argv, environ, lib, plat):
     from pofe.preload import preload_env
 
-    assert preload_env(command, argv, environ, lib, platform=plat) is None
+    assert preload_env(command, argv, environ, lambda: lib, platform=plat) is None
 
 
 def test_the_restarted_process_runs_on_tcmalloc():
