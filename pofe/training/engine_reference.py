@@ -161,7 +161,7 @@ def pi0_generator(reference, tokenizer, judge_cfg):
 
 def trainer_logps(reference, pairs: Sequence, *, pad_token_id: int, device, precision) -> torch.Tensor:
     """The trainer's own pi_0 pass on ``pairs`` (2m,): what :func:`pofe.training.dap.dap_backward` computes
-    without the engine (joint batch; the shared-prompt pass agrees with it to float rounding)."""
+    without the engine (joint batch; the packed pass agrees with it to float rounding)."""
     from pofe.training.dap import pair_logps
     from pofe.training.precision import autocast
 

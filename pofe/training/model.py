@@ -123,8 +123,8 @@ class Reference:
         under bf16 autocast); returns how many tensors changed.
 
         Why: autocast rounds each fp32 weight to bf16 at every call, so the outputs are
-        bit-identical, while each pass skips a cast of the weights (two per step with the
-        shared-prompt pass) and the fp32 copy no longer takes memory (SmolLM2-135M: 0.2 GB).
+        bit-identical, while each pass skips a cast of the weights
+        and the fp32 copy no longer takes memory (SmolLM2-135M: 0.2 GB).
         Embeddings, norms and a Linear tied to an embedding (the LM head) stay fp32, as autocast
         computes them in fp32. Only for a frozen copy: a LoRA reference is the policy itself."""
         if self.lora:

@@ -138,44 +138,88 @@ def test_completion_logps_matches_the_full_vocabulary_reference(tokenizer, tiny_
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_shared_prompt_pass_equals_the_joint_batch(tokenizer, precision):
-    """Each pair's prompt run once (KV cache repeated for both responses) gives the joint
-    batch's log-probs and the same gradient; also when every response is one token long."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_pass_equals_the_joint_batch(tokenizer, precision, attention):
+    """Each pair's prompt and both responses in one row (rejected masked from chosen) gives the
+    joint batch's log-probs and the same gradient, with each attention's own mask type; also when
+    every response is one token long and with gradient checkpointing."""
     from pofe.models import tiny_causal_lm
-    from pofe.training.dap import TokenPair, completion_logps, pairs_batch, shared_prompt_logps
+    from pofe.training.dap import TokenPair, completion_logps, packed_pair_logps, pairs_batch
     from pofe.training.precision import autocast
 
     model = tiny_causal_lm(tokenizer)
+    model.set_attn_implementation(attention)
     tol = dict(atol=1e-4, rtol=1e-5) if precision == "fp32" else dict(atol=0.15, rtol=0.02)  # bf16: per-sum rounding
-    for pairs in (_pairs(5), [TokenPair((5, 6, 7), (9,), (11,)), TokenPair((8,), (12,), (13,))]):
+    for pairs in (_pairs(5), [TokenPair((5, 6, 7), (9,), (11,)), TokenPair((8,), (12,), (13,))], "checkpointing"):
+        if pairs == "checkpointing":
+            model.gradient_checkpointing_enable()
+            model.train()
+            pairs = _pairs(3)
         grads = []
-        for shared in (True, False):
+        for packed in (True, False):
             model.zero_grad()
             with autocast(precision, "cpu"):
-                if shared:
-                    lp = shared_prompt_logps(model, pairs, 2, "cpu")
+                if packed:
+                    lp = packed_pair_logps(model, pairs, 2, "cpu")
                 else:
                     lp = completion_logps(model, *pairs_batch(pairs, 2, "cpu"))
             (lp * torch.linspace(-1, 1, len(lp))).sum().backward()  # distinct weight per response
             grads.append(([p.grad.clone() for p in model.parameters()], lp.detach()))
-        (g_shared, lp_shared), (g_joint, lp_joint) = grads
-        torch.testing.assert_close(lp_shared, lp_joint, **tol)
-        for a, b in zip(g_shared, g_joint):
+        (g_packed, lp_packed), (g_joint, lp_joint) = grads
+        torch.testing.assert_close(lp_packed, lp_joint, **tol)
+        for a, b in zip(g_packed, g_joint):
             torch.testing.assert_close(a, b, atol=1e-4 if precision == "fp32" else 5e-2, rtol=1e-3 if precision == "fp32" else 0.1)
 
 
-def test_pair_logps_falls_back_to_the_joint_batch_without_a_kv_cache(tokenizer):
-    """Gradient checkpointing turns HF's cache off: the shared-prompt pass says so (None) and
-    pair_logps gives the joint batch's numbers."""
-    from pofe.models import tiny_causal_lm
-    from pofe.training.dap import completion_logps, pair_logps, pairs_batch, shared_prompt_logps
+def test_packed_pass_hand_built_row_and_mask():
+    """The packed layout for one pair, by hand: prompt (5, 6) left-padded to the other pair's 3 tokens,
+    chosen[:-1] then rejected[:-1] each padded to its longest; the rejected tokens see the prompt and
+    themselves, never the chosen ones, at the positions they have in their own sequence."""
+    from pofe.training.dap import TokenPair, _pack, _pair_mask
 
-    model = tiny_causal_lm(tokenizer)
-    model.gradient_checkpointing_enable()
-    model.train()
+    layout = _pack([TokenPair((5, 6), (7, 8, 9), (10, 11)), TokenPair((1, 2, 3), (4,), (12, 13, 14))], pad_token_id=0)
+    assert layout.input_ids.tolist() == [[0, 5, 6, 7, 8, 10, 0], [1, 2, 3, 0, 0, 12, 13]]
+    assert layout.position_ids.tolist() == [[0, 0, 1, 2, 3, 2, 0], [0, 1, 2, 0, 0, 3, 4]]
+    # logits of the last 1 + 2 + 2 columns: column 0 predicts chosen[0] (and rejected[0], first_rejected)
+    assert layout.targets.tolist() == [[7, 8, 9, 11, 0], [4, 0, 0, 13, 14]]
+    assert layout.counts.tolist() == [[1, 1, 1, 1, 0], [1, 0, 0, 1, 1]]
+    assert layout.first_rejected.tolist() == [10, 12]
+    seen = _pair_mask(layout.segment, boolean=True, dtype=torch.float32)[0, 0].int().tolist()
+    assert seen == [[1, 0, 0, 0, 0, 0, 0],  # padding: itself only
+                    [0, 1, 0, 0, 0, 0, 0],
+                    [0, 1, 1, 0, 0, 0, 0],
+                    [0, 1, 1, 1, 0, 0, 0],  # chosen: prompt and chosen so far
+                    [0, 1, 1, 1, 1, 0, 0],
+                    [0, 1, 1, 0, 0, 1, 0],  # rejected: prompt and itself, not the chosen tokens
+                    [0, 0, 0, 0, 0, 0, 1]]
+    additive = _pair_mask(layout.segment, boolean=False, dtype=torch.bfloat16)
+    assert additive.dtype == torch.bfloat16 and additive[0, 0, 5, 3] == torch.finfo(torch.bfloat16).min
+    assert additive[0, 0, 5, 2] == 0
+
+
+def test_pair_logps_falls_back_to_the_joint_batch_when_the_model_cannot_pack(tokenizer):
+    """A sliding window shorter than the packed row, and a forward that does not honour the custom
+    mask (found by the once-per-model check), both give None; pair_logps then gives the joint
+    batch's numbers."""
+    from pofe.models import tiny_causal_lm
+    from pofe.training.dap import completion_logps, packed_pair_logps, pair_logps, pairs_batch
+
     pairs = _pairs(3)
-    assert shared_prompt_logps(model, pairs, 2, "cpu") is None
-    torch.testing.assert_close(pair_logps(model, pairs, 2, "cpu"), completion_logps(model, *pairs_batch(pairs, 2, "cpu")))
+    windowed = tiny_causal_lm(tokenizer)
+    windowed.config.sliding_window = 4
+    assert packed_pair_logps(windowed, pairs, 2, "cpu") is None
+    torch.testing.assert_close(pair_logps(windowed, pairs, 2, "cpu"), completion_logps(windowed, *pairs_batch(pairs, 2, "cpu")))
+
+    deaf = tiny_causal_lm(tokenizer)
+    forward = deaf.forward
+
+    def plain_causal(*args, attention_mask=None, **kwargs):  # drops a 4D mask: rejected would see chosen
+        return forward(*args, attention_mask=None if attention_mask is not None and attention_mask.dim() == 4
+                       else attention_mask, **kwargs)
+
+    deaf.forward = plain_causal
+    assert packed_pair_logps(deaf, pairs, 2, "cpu") is None
+    torch.testing.assert_close(pair_logps(deaf, pairs, 2, "cpu"), completion_logps(deaf, *pairs_batch(pairs, 2, "cpu")))
 
 
 def test_iterative_resume_restores_the_label_buffer(tmp_path, tiny_model_dir):

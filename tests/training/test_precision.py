@@ -146,9 +146,9 @@ def test_eager_attention_only_for_short_bf16_cpu_passes(tiny_model):
 
 
 def test_bf16_dap_pass_on_cpu_runs_eager_attention_and_gives_sdpa_back(tiny_model, tokenizer, monkeypatch):
-    """dap_backward in bf16 on CPU: every forward (reference and policy, prompt and responses of the
-    shared-prompt pass) runs eager attention; the models run SDPA again afterwards; the loss and
-    gradient equal those of the SDPA joint batch (budget 0) within bf16 tolerance."""
+    """dap_backward in bf16 on CPU: every forward (reference and policy, the packed pass and its
+    once-per-model check) runs eager attention; the models run SDPA again afterwards; the loss and
+    gradient equal those of the SDPA packed pass (budget 0) within bf16 tolerance."""
     from pofe.losses import get_loss
     from pofe.training import Reference
     from pofe.training import precision
@@ -175,8 +175,8 @@ def test_bf16_dap_pass_on_cpu_runs_eager_attention_and_gives_sdpa_back(tiny_mode
     loss_e, g_e, seen_e = step()
     monkeypatch.setattr(precision, "EAGER_ATTENTION_BUDGET", 0)
     loss_s, g_s, seen_s = step()
-    assert seen_e == ["eager"] * 4  # shared-prompt pass: prompts, then responses; reference, then policy
-    assert seen_s == ["sdpa"] * 2  # joint batch: one forward each
+    assert seen_e == ["eager"] * 6  # per model: the packing check (packed, joint), then the packed pass
+    assert seen_s == ["sdpa"] * 2  # packed pass: one forward each, reference then policy
     assert tiny_model.config._attn_implementation == reference.module.config._attn_implementation == "sdpa"
     assert loss_e == pytest.approx(loss_s, abs=1e-2)
     assert torch.nn.functional.cosine_similarity(g_e, g_s, dim=0) > 0.999
