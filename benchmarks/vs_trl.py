@@ -35,12 +35,21 @@ def run_pofe(extra: str, steps: int) -> dict:
     return json.loads(out[out.rindex("\n{") + 1:] if "\n{" in out else out[out.index("{"):])
 
 
-def run_trl(extra: str, steps: int, script: Path = ANCHOR / "trl_bench.py") -> dict:
+def run_trl(extra: str, steps: int, script: Path = ANCHOR / "trl_bench.py", allocator: str = "glibc") -> dict:
     """One TRL run; ``script``: the anchor's trl_bench.py, or a wrapper that takes its arguments
-    and prints its result lines (``benchmarks/trl_online_shape.py``, other batch shapes)."""
+    and prints its result lines (``benchmarks/trl_online_shape.py``, other batch shapes).
+    ``allocator="tcmalloc"``: TRL with the tcmalloc that pofe preloads (same library, LD_PRELOAD)."""
     cmd = [str(TRL_PY), str(script), "--loss-types", "sigmoid", "--judge", "llm", "--both-orders",
            "--steps", str(steps), *shlex.split(extra)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if allocator == "tcmalloc":
+        from pofe.preload import tcmalloc_library
+
+        lib = tcmalloc_library()
+        if lib is None:
+            sys.exit("--trl-allocators tcmalloc: no tcmalloc on this machine (apt-get install libtcmalloc-minimal4)")
+        env["LD_PRELOAD"] = lib
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     res = {}
     for line in out.splitlines():
         if line.startswith("TRL_ONLINE_DPO_S_PER_STEP="):
@@ -58,22 +67,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--pofe", default="", help="extra arguments for benchmarks/online_step.py")
     ap.add_argument("--trl", default="", help="extra arguments for trl_bench.py (e.g. --bf16)")
+    ap.add_argument("--trl-allocators", default="glibc",
+                    help="comma-separated: glibc (TRL as it ships), tcmalloc (TRL with the tcmalloc pofe preloads); "
+                         "each round runs TRL once per allocator, after pofe")
     args = ap.parse_args()
+    allocators = [a.strip() for a in args.trl_allocators.split(",") if a.strip()]
+    if not allocators or set(allocators) - {"glibc", "tcmalloc"}:
+        sys.exit(f"--trl-allocators: glibc and/or tcmalloc, got {args.trl_allocators!r}")
     if not TRL_PY.exists():
         sys.exit(f"TRL anchor venv not found at {TRL_PY}: run bash {ANCHOR / 'setup.sh'} first")
-    pofe, trl = [], []
+    pofe, trl = [], {a: [] for a in allocators}
     for r in range(args.rounds):
         p = run_pofe(args.pofe, args.steps)
         pofe.append(p)
         print(f"round {r + 1} pofe: {p['seconds_per_step']} s/step  split {p.get('time_split_s')}  "
               f"peak RSS {p.get('peak_rss_gb')} GB  allocator {p.get('allocator', 'glibc')}", flush=True)
-        t = run_trl(args.trl, args.steps)
-        trl.append(t)
-        print(f"round {r + 1} TRL : {t.get('seconds_per_step')} s/step  peak RSS {t.get('peak_rss_gb')} GB", flush=True)
+        for a in allocators:
+            t = run_trl(args.trl, args.steps, allocator=a)
+            trl[a].append(t)
+            print(f"round {r + 1} TRL ({a}): {t.get('seconds_per_step')} s/step  peak RSS {t.get('peak_rss_gb')} GB  "
+                  f"ratio {t['seconds_per_step'] / p['seconds_per_step']:.2f}x", flush=True)
     mp = statistics.median(x["seconds_per_step"] for x in pofe)
-    mt = statistics.median(x["seconds_per_step"] for x in trl)
-    print(f"pofe [{args.pofe}] median {mp:.2f} s/step | TRL [{args.trl}] median {mt:.2f} s/step | "
-          f"speed-up {mt / mp:.2f}x over {args.rounds} paired rounds")
+    for a in allocators:
+        mt = statistics.median(x["seconds_per_step"] for x in trl[a])
+        print(f"pofe [{args.pofe}] median {mp:.2f} s/step | TRL ({a}) [{args.trl}] median {mt:.2f} s/step | "
+              f"speed-up {mt / mp:.2f}x over {args.rounds} paired rounds")
 
 
 if __name__ == "__main__":

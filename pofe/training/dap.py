@@ -31,7 +31,7 @@ import torch
 
 from pofe.logprobs import SequenceBatch, build_batch, completion_token_logprobs, selective_logprobs
 from pofe.losses import PreferenceLoss
-from pofe.training.activations import lean_activations
+from pofe.training.activations import lean_activations, sparse_tied_embedding
 from pofe.training.precision import (
     Precision,
     attention_for,
@@ -251,8 +251,14 @@ def _packed_logps(model, base, layout: _Packed, device) -> torch.Tensor:
     ids, pos, seg, targets, counts, first = (t.to(device) for t in (layout.input_ids, layout.position_ids, layout.segment,
                                                                      layout.targets, layout.counts, layout.first_rejected))
     weight = base.get_input_embeddings().weight
-    mask = _pair_mask(seg, base.config._attn_implementation == "sdpa",
-                      weight.dtype if weight.is_floating_point() else torch.float32)
+    # Under autocast the attention scores are in the autocast dtype, and adding 0 or that dtype's min
+    # leaves them exact in it: the softmax (in fp32) sees the values transformers' own fp32 mask gives,
+    # while the masked scores are not promoted to fp32 (one (m, heads, L, L) tensor per layer, half
+    # the bytes), and the gradients are bit for bit the same.
+    kind = ids.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
+        weight.dtype if weight.is_floating_point() else torch.float32
+    mask = _pair_mask(seg, base.config._attn_implementation == "sdpa", dtype)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=targets.shape[1]).logits
     lp = selective_logprobs(logits, targets) * counts.to(torch.float32)  # (m, 1 + wc + wr)
     first_r = selective_logprobs(logits[:, 0], first)  # the last prompt position predicts rejected[0] too
@@ -378,7 +384,8 @@ def dap_backward(
                 with reference.model() as ref_model, autocast(precision, device), attention_for(ref_model, eager):
                     ref_lp = pair_logps(ref_model, chunk, pad_token_id, device)  # pi_0, no grad, (2m,)
             t1 = time.perf_counter()
-            with autocast(precision, device), attention_for(policy, eager), lean_activations(policy):
+            with autocast(precision, device), attention_for(policy, eager), lean_activations(policy), \
+                    sparse_tied_embedding(policy):
                 pol_lp = pair_logps(policy, chunk, pad_token_id, device)  # log pi_theta(y|x), (2m,)
             p = torch.tensor([pr.p for pr in chunk], dtype=pol_lp.dtype, device=pol_lp.device)
             out = loss_fn(pol_lp[:m], pol_lp[m:], ref_lp[:m], ref_lp[m:], beta=beta, p=p)

@@ -237,3 +237,29 @@ def test_iterative_resume_restores_the_label_buffer(tmp_path, tiny_model_dir):
     a, b = load_file(f"{full['run_dir']}/final/model.safetensors"), load_file(f"{resumed['run_dir']}/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _ledger_rows(full["run_dir"]) == _ledger_rows(resumed["run_dir"])
+
+
+def test_packed_pass_mask_in_the_autocast_dtype_changes_no_bit(tokenizer, monkeypatch):
+    """bf16 autocast, eager attention: the packed pass's mask in bf16 gives the log-probs and the
+    gradient that an fp32 mask (transformers' own choice under autocast) gives, bit for bit."""
+    from pofe.models import tiny_causal_lm
+    from pofe.training import dap
+    from pofe.training.activations import lean_activations
+    from pofe.training.precision import autocast
+
+    model = tiny_causal_lm(tokenizer)
+    model.set_attn_implementation("eager")
+    model.train()
+    pairs = _pairs(4)
+    own = dap._pair_mask
+    results = []
+    for dtype in (None, torch.float32):
+        monkeypatch.setattr(dap, "_pair_mask", lambda seg, boolean, d, force=dtype: own(seg, boolean, force or d))
+        model.zero_grad()
+        with autocast("bf16", "cpu"), lean_activations(model):
+            lp = dap.packed_pair_logps(model, pairs, 2, "cpu")
+        (lp * torch.linspace(-1, 1, len(lp))).sum().backward()
+        results.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp_a, g_a), (lp_b, g_b) = results
+    assert torch.equal(lp_a, lp_b)
+    assert all(torch.equal(a, b) for a, b in zip(g_a, g_b))

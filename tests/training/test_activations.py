@@ -3,6 +3,7 @@ saved for the backward."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 
@@ -199,3 +200,37 @@ def test_an_eager_attention_that_changed_is_left_alone(tiny_model, monkeypatch):
     with lean_activations(tiny_model):
         assert modeling.eager_attention_forward.pofe_original is own
     assert modeling.eager_attention_forward is own and A._ATT_AGREES == {(modeling.__name__, None): True}
+
+
+def test_sparse_tied_embedding_gives_the_dense_gradient_as_one_dense_tensor(tokenizer):
+    """A tied embedding switched to sparse for a pass: the weight's gradient (embedding rows plus the
+    LM head) is one dense tensor, equal to the dense backward's up to fp32 summation order, and the
+    fused AdamW steps on it; the switch is undone after the block. Frozen or untied weights, and no
+    grad, are left alone."""
+    from pofe.models import tiny_causal_lm
+    from pofe.training.activations import sparse_tied_embedding
+
+    model = tiny_causal_lm(tokenizer)
+    pairs = _pairs(n=4)
+    grads = []
+    for sparse in (False, True):
+        model.zero_grad(set_to_none=True)
+        with sparse_tied_embedding(model) if sparse else contextlib.nullcontext(False) as on:
+            lp = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu")
+        assert on is sparse
+        (lp * torch.linspace(-1, 1, len(lp))).sum().backward()
+        grads.append(model.get_input_embeddings().weight.grad)
+    dense, sparse_grad = grads
+    assert sparse_grad.layout == torch.strided and not model.get_input_embeddings().sparse
+    torch.testing.assert_close(sparse_grad, dense, atol=1e-6, rtol=1e-5)
+    torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
+
+    with torch.no_grad(), sparse_tied_embedding(model) as on:
+        assert not on
+    model.get_input_embeddings().weight.requires_grad_(False)
+    with sparse_tied_embedding(model) as on:
+        assert not on
+    untied = tiny_causal_lm(tokenizer)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    with sparse_tied_embedding(untied) as on:
+        assert not on and not untied.get_input_embeddings().sparse
