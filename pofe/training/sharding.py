@@ -212,7 +212,6 @@ def plain_copy(model, *, main: bool):
     ``final/`` (saved by the recipe's own ``save_final``); None on the other processes. Every
     process gathers (a collective). The copy is a new instance of the model's own class from its
     config, in the weights' dtype, with its generation config."""
-    from torch.distributed.fsdp import FSDPModule
 
     full = full_model_state(model, keep=main)
     if not main:

@@ -13,8 +13,8 @@ from pofe.judges.templates import load_template
 from pofe.loops.self_reward import SelfRewardConfig
 from pofe.records import Judgment, Score
 from pofe.runs import read_jsonl
-from pofe.training.meta_rewarding import (MetaJudgeSettings, judge_pair, length_controlled_pair, length_controlled_pairs,
-                                          meta_context, most_uncertain, win_scores)
+from pofe.training.meta_rewarding import (MetaJudgeSettings, judge_pair, length_controlled_pair, meta_context,
+                                          most_uncertain, win_scores)
 from pofe.training.self_reward_variants import replace_chosen, variant_pairs
 
 
