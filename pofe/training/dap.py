@@ -172,7 +172,8 @@ def packed_pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, devi
     model's own forward (its lm_head, any logit scaling) computes them (``logits_to_keep``).
 
     Returns None, and callers use the joint batch, when the model cannot take a custom mask
-    faithfully: attention other than eager or SDPA, a sliding window shorter than the packed row,
+    faithfully: attention other than eager or SDPA, a sliding window shorter than the packed row, a
+    mask over :data:`PACKED_MASK_BUDGET`,
     non-full attention layers, an empty response, a DDP-wrapped or sharded model (one layout for
     every process), or a model whose packed numbers were found to differ from the joint batch's
     (:func:`_packing_agrees`, checked once per model).
@@ -182,7 +183,7 @@ def packed_pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, devi
             or any(not p.chosen_ids or not p.rejected_ids for p in pairs):
         return None
     layout = _pack(pairs, pad_token_id)
-    if not _packable(base, layout.length) or not _packing_agrees(model, base, pairs, pad_token_id, device):
+    if not _packable(base, layout.length, len(pairs)) or not _packing_agrees(model, base, pairs, pad_token_id, device):
         return None
     return _packed_logps(model, base, layout, device)
 
@@ -267,12 +268,18 @@ def _packed_logps(model, base, layout: _Packed, device) -> torch.Tensor:
     return torch.cat([lp[:, :c].sum(-1), first_r + lp[:, c:].sum(-1)])
 
 
-def _packable(base, length: int) -> bool:
+PACKED_MASK_BUDGET = 256 * 2**20
+"""Bytes (at 4 per entry) the packed pass's (m, 1, L, L) mask may take (the bar's 4 pairs: 0.3 MB);
+longer rows use the joint batch, whose mask transformers builds itself."""
+
+
+def _packable(base, length: int, rows: int) -> bool:
     """Whether the model's attention honours a custom 4D mask as the whole mask: transformers
     passes one through as-is, so a sliding window (when the row is longer) or chunked / non-full
-    attention layers would be lost, and flash / flex attention take no such mask."""
+    attention layers would be lost, and flash / flex attention take no such mask. And whether the
+    mask is small enough (:data:`PACKED_MASK_BUDGET`)."""
     cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    if base.config._attn_implementation not in ("eager", "sdpa"):
+    if base.config._attn_implementation not in ("eager", "sdpa") or rows * length * length * 4 > PACKED_MASK_BUDGET:
         return False
     window = getattr(cfg, "sliding_window", None)
     if window and length > window:

@@ -197,14 +197,20 @@ def test_packed_pass_hand_built_row_and_mask():
     assert additive[0, 0, 5, 2] == 0
 
 
-def test_pair_logps_falls_back_to_the_joint_batch_when_the_model_cannot_pack(tokenizer):
-    """A sliding window shorter than the packed row, and a forward that does not honour the custom
-    mask (found by the once-per-model check), both give None; pair_logps then gives the joint
-    batch's numbers."""
+def test_pair_logps_falls_back_to_the_joint_batch_when_the_model_cannot_pack(tokenizer, monkeypatch):
+    """A mask over the budget, a sliding window shorter than the packed row, and a forward that does
+    not honour the custom mask (found by the once-per-model check) each give None; pair_logps then
+    gives the joint batch's numbers."""
     from pofe.models import tiny_causal_lm
+    from pofe.training import dap
     from pofe.training.dap import completion_logps, packed_pair_logps, pair_logps, pairs_batch
 
     pairs = _pairs(3)
+    model = tiny_causal_lm(tokenizer)
+    assert packed_pair_logps(model, pairs, 2, "cpu") is not None
+    monkeypatch.setattr(dap, "PACKED_MASK_BUDGET", 3 * 4 * 4)  # (3, 1, L, L) with L > 2 is over it
+    assert packed_pair_logps(model, pairs, 2, "cpu") is None
+    monkeypatch.undo()
     windowed = tiny_causal_lm(tokenizer)
     windowed.config.sliding_window = 4
     assert packed_pair_logps(windowed, pairs, 2, "cpu") is None
