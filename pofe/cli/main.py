@@ -49,6 +49,14 @@ _state = {"verbose": False}
 DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl", "self-reward", "label", "cai revise", "judge", "eval", "audit"}
 
 
+def _leave_group_if_worker() -> None:
+    """A torchrun process whose command is done ends its process group (``leave_process_group``)."""
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        from pofe.training.parallel import leave_process_group
+
+        leave_process_group()
+
+
 def present_commands() -> list[str]:
     """Module names of the commands that exist (found without importing them)."""
     return [n for n in COMMAND_MODULES if importlib.util.find_spec(f"pofe.cli.{n}") is not None]
@@ -177,17 +185,12 @@ class LazyGroup(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             result = super().invoke(ctx)
-            if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):  # a finished torchrun process
-                from pofe.training.parallel import leave_process_group
-
-                leave_process_group()
+            _leave_group_if_worker()  # a finished torchrun process
             return result
         except (typer.Exit, typer.Abort, click.exceptions.ClickException, SystemExit) as e:
             # a command that reports its status by exiting (audit: 0 passed, 1 failed) is done too
-            if isinstance(e, typer.Exit) and e.exit_code == 0 and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
-                from pofe.training.parallel import leave_process_group
-
-                leave_process_group()
+            if isinstance(e, typer.Exit) and e.exit_code == 0:
+                _leave_group_if_worker()
             raise
         except BaseException as e:  # noqa: BLE001 - the one place every error becomes one line
             code, message = describe_error(e)

@@ -172,9 +172,8 @@ def packed_pair_logps(model, pairs: Sequence[TokenPair], pad_token_id: int, devi
     model's own forward (its lm_head, any logit scaling) computes them (``logits_to_keep``).
 
     Returns None, and callers use the joint batch, when the model cannot take a custom mask
-    faithfully: attention other than eager or SDPA, a sliding window shorter than the packed row, a
-    mask over :data:`PACKED_MASK_BUDGET`,
-    non-full attention layers, an empty response, a DDP-wrapped or sharded model (one layout for
+    faithfully: attention other than eager or SDPA, a sliding window shorter than the packed row,
+    non-full attention layers, a mask over :data:`PACKED_MASK_BUDGET`, an empty response, a DDP-wrapped or sharded model (one layout for
     every process), or a model whose packed numbers were found to differ from the joint batch's
     (:func:`_packing_agrees`, checked once per model).
     """
