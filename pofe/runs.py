@@ -184,8 +184,20 @@ def open_run_file(path: str | Path, flags: int, mode: int | None = None) -> int:
     """``os.open`` for a file of a run folder: never through a link, created with the
     process's umask. Returns the file descriptor."""
     inside = check_run_path(path)
+    if inside:
+        # A received folder may hold a FIFO or a device under a run file's name: opening a FIFO
+        # blocks until a writer comes (``pofe report`` hung), a device may act on open. Refused
+        # before any open; O_NONBLOCK covers a swap between this check and the open (it changes
+        # nothing for a regular file).
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            raise RunError(f"{path}: not a regular file (a run file must be one)")
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC | (os.O_NOFOLLOW if inside else 0), FILE_MODE if mode is None else mode)
+        fd = os.open(path, flags | os.O_CLOEXEC | (os.O_NOFOLLOW | os.O_NONBLOCK if inside else 0),
+                     FILE_MODE if mode is None else mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise RunError(f"{path}: is a symbolic link; files in a run folder are never opened through links") from None

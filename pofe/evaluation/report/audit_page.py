@@ -8,9 +8,12 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 from typing import Any
 
 from pofe.evaluation.report.figures import _figure, _png, _yerr
+
+log = logging.getLogger(__name__)
 
 # The style of both pages, this one and the run report (page.py).
 _CSS = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em;color:#222}
@@ -72,12 +75,47 @@ def length_curve_png(curve: list[dict[str, Any]], unit: str) -> bytes | None:
     return _png(fig)
 
 
+def _text(v: Any) -> str:
+    """A value of the report as page text, escaped. ``pofe report`` renders an ``audit.json`` it
+    did not compute (a received folder): any field may hold markup, the numeric ones included."""
+    return "-" if v is None else html.escape(str(v))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    """A number formatted with ``spec``; anything else (a received file's string) as escaped text."""
+    return format(v, spec) if _is_num(v) else _text(v)
+
+
 def _fmt_ci(v, ci) -> str:
     if v is None:
         return "-"
-    if not ci or ci[0] is None:
-        return f"{v:.3f}"
-    return f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or not all(_is_num(c) for c in ci):
+        return _fmt(v)
+    return f"{_fmt(v)} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _get(d: Any, key: str) -> Any:
+    """``d[key]`` of a dict, else None (a received report's section may be any JSON value)."""
+    return d.get(key) if isinstance(d, dict) else None
+
+
+def _items(d: Any) -> list[tuple[Any, dict]]:
+    """The (key, dict) entries of a mapping section; anything else in a received report is skipped."""
+    return [(k, v) for k, v in d.items() if isinstance(v, dict)] if isinstance(d, dict) else []
+
+
+def _safe_png(draw, *args) -> bytes | None:
+    """A plot of the report, or None where its numbers are not what pofe writes (a received file):
+    the page still renders, without that plot."""
+    try:
+        return draw(*args)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        log.warning("report: a plot of the audit skipped: its data is malformed (%s: %s)", type(e).__name__, e)
+        return None
 
 
 _AUDIT_ROWS = [
@@ -92,85 +130,88 @@ _AUDIT_ROWS = [
 
 def audit_html(report: dict[str, Any]) -> str:
     """One offline page for an audit report: metrics with intervals, checks, per-source and
-    per-principle agreement, contrast probes, the reliability diagram and the length plot."""
-    m = report.get("metrics") or {}
-    ci = m.get("ci95") or {}
-    cal = m.get("calibration") or {}
-    unit = (report.get("calibration") or {}).get("length_unit", "chars")
+    per-principle agreement, contrast probes, the reliability diagram and the length plot.
+    Every value from the report is escaped or formatted as a number (:func:`_text`, :func:`_fmt`):
+    ``pofe report`` renders reports it did not compute."""
+    report = report if isinstance(report, dict) else {}
+    m = _get(report, "metrics") or {}
+    ci = _get(m, "ci95") or {}
+    cal = _get(m, "calibration") or {}
+    unit = str(_get(_get(report, "calibration"), "length_unit") or "chars")
     title = f"pofe audit: {report.get('judge')}"
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-             f"<p><b>{'PASSED' if report.get('passed') else 'FAILED'}</b> on {m.get('n')} calibration pairs "
-             f"({m.get('n_parsed')} parsed, {m.get('n_labelled')} with a human A/B label); calibration set sha256 "
-             f"<code>{html.escape(str((report.get('calibration') or {}).get('sha256', '?'))[:16])}</code>; "
+             f"<p><b>{'PASSED' if report.get('passed') is True else 'FAILED'}</b> on {_text(_get(m, 'n'))} calibration pairs "
+             f"({_text(_get(m, 'n_parsed'))} parsed, {_text(_get(m, 'n_labelled'))} with a human A/B label); calibration "
+             f"set sha256 <code>{html.escape(str(_get(_get(report, 'calibration'), 'sha256') or '?')[:16])}</code>; "
              f"lengths in {html.escape(unit)}.</p>"]
     parts.append("<h2>Metrics (95% intervals: Wilson for rates, bootstrap for kappa)</h2><table>"
                  "<tr><th>metric</th><th>value [95% CI]</th></tr>")
     for label, key in _AUDIT_ROWS:
-        parts.append(f"<tr><td>{html.escape(label)}</td><td>{_fmt_ci(m.get(key), ci.get(key))}</td></tr>")
-    hh = m.get("human_human") or {}
-    if hh.get("n_label_pairs"):
-        parts.append(f"<tr><td>human-human agreement ({hh['n_pairs_multi']} pairs)</td>"
-                     f"<td>{_fmt_ci(hh['agreement'], hh['ci95'])}</td></tr>")
-    if cal.get("ece") is not None:
-        held = cal.get("held_out") or {}
-        parts.append(f"<tr><td>ECE / Brier (raw)</td><td>{cal['ece']:.3f} / {cal['brier']:.3f}</td></tr>")
-        for k, v in held.items():
-            parts.append(f"<tr><td>held-out ECE / Brier ({html.escape(k)})</td><td>{v['ece']:.3f} / {v['brier']:.3f}</td></tr>")
+        parts.append(f"<tr><td>{html.escape(label)}</td><td>{_fmt_ci(_get(m, key), _get(ci, key))}</td></tr>")
+    hh = _get(m, "human_human") or {}
+    if _get(hh, "n_label_pairs"):
+        parts.append(f"<tr><td>human-human agreement ({_text(_get(hh, 'n_pairs_multi'))} pairs)</td>"
+                     f"<td>{_fmt_ci(_get(hh, 'agreement'), _get(hh, 'ci95'))}</td></tr>")
+    if _get(cal, "ece") is not None:
+        parts.append(f"<tr><td>ECE / Brier (raw)</td><td>{_fmt(cal['ece'])} / {_fmt(_get(cal, 'brier'))}</td></tr>")
+        for k, v in _items(_get(cal, "held_out")):
+            parts.append(f"<tr><td>held-out ECE / Brier ({_text(k)})</td><td>{_fmt(v.get('ece'))} / "
+                         f"{_fmt(v.get('brier'))}</td></tr>")
     parts.append("</table>")
-    jury = report.get("jury")
-    if jury:
+    jury = _get(report, "jury")
+    if isinstance(jury, dict) and jury:
         cols = (("agreement", "agreement"), ("position consistency", "position_consistency"),
                 ("first-position win rate", "first_position_win_rate"), ("|position bias|", "position_bias"),
                 ("length (Somers D)", "length_correlation"), ("Cohen's kappa", "cohen_kappa"),
                 ("parse failures", "parse_failure_rate"), ("ECE", "ece"))
         parts.append(f"<h2>Jury: members and the pooled verdict</h2><p>Pooled in log-odds; "
-                     f"{jury['dropped_member_verdicts']} unreadable member verdicts left out of their pair's pool, "
-                     f"{jury['unreadable_verdicts']} pairs with no readable member. A member's row is its own reads "
-                     "(before its calibration map), as an audit of it alone measures them.</p><table><tr><th>judge</th>"
-                     "<th>role</th><th>weight</th>" + "".join(f"<th>{html.escape(c)}</th>" for c, _ in cols) + "<th>checks</th></tr>")
-        for r in jury["rows"]:
-            cells = "".join(f"<td>{'-' if r.get(k) is None else f'{r[k]:.3f}'}</td>" for _, k in cols)
-            role = r["role"] + (" (calibrated)" if r.get("calibrated") else "")
-            parts.append(f"<tr><td>{html.escape(r['judge'])}</td><td>{role}</td><td>{r['weight']:.3f}</td>{cells}"
-                         f"<td>{'pass' if r['passed'] else '<b>FAIL</b>'}</td></tr>")
+                     f"{_text(jury.get('dropped_member_verdicts'))} unreadable member verdicts left out of their pair's "
+                     f"pool, {_text(jury.get('unreadable_verdicts'))} pairs with no readable member. A member's row is "
+                     "its own reads (before its calibration map), as an audit of it alone measures them.</p><table><tr>"
+                     "<th>judge</th><th>role</th><th>weight</th>" + "".join(f"<th>{html.escape(c)}</th>" for c, _ in cols)
+                     + "<th>checks</th></tr>")
+        for r in [r for r in jury.get("rows") or [] if isinstance(r, dict)]:
+            cells = "".join(f"<td>{_fmt(r.get(k))}</td>" for _, k in cols)
+            role = _text(r.get("role")) + (" (calibrated)" if r.get("calibrated") else "")
+            parts.append(f"<tr><td>{_text(r.get('judge'))}</td><td>{role}</td><td>{_fmt(r.get('weight'))}</td>{cells}"
+                         f"<td>{'pass' if r.get('passed') is True else '<b>FAIL</b>'}</td></tr>")
         parts.append("</table>")
     parts.append("<h2>Checks</h2><table><tr><th>check</th><th>value</th><th>threshold</th><th></th></tr>")
-    for name, c in (report.get("checks") or {}).items():
-        v = c.get("value")
-        parts.append(f"<tr><td>{html.escape(name)}</td><td>{'-' if v is None else f'{v:.3f}'}</td>"
-                     f"<td>{c.get('op')} {c.get('threshold')}</td><td>{'pass' if c.get('passed') else '<b>FAIL</b>'}</td></tr>")
+    for name, c in _items(_get(report, "checks")):
+        parts.append(f"<tr><td>{_text(name)}</td><td>{_fmt(c.get('value'))}</td>"
+                     f"<td>{_text(c.get('op'))} {_text(c.get('threshold'))}</td>"
+                     f"<td>{'pass' if c.get('passed') is True else '<b>FAIL</b>'}</td></tr>")
     parts.append("</table>")
-    for title_, png in (("Reliability diagram", reliability_png(cal)), ("Length preference", length_curve_png(m.get("length_curve") or [], unit))):
+    for title_, png in (("Reliability diagram", _safe_png(reliability_png, cal)),
+                        ("Length preference", _safe_png(length_curve_png, _get(m, "length_curve") or [], unit))):
         if png is not None:
             b64 = base64.b64encode(png).decode("ascii")
             parts.append(f"<figure><h2>{title_}</h2><img alt='{title_}' src='data:image/png;base64,{b64}'></figure>")
-    if m.get("by_source"):
+    if by_source := _items(_get(m, "by_source")):
         parts.append("<h2>By source</h2><table><tr><th>source</th><th>n</th><th>agreement [95% CI]</th>"
                      "<th>position consistency</th></tr>")
-        for src, r in m["by_source"].items():
-            pc = r.get("position_consistency")
-            parts.append(f"<tr><td>{html.escape(src)}</td><td>{r['n']}</td><td>{_fmt_ci(r.get('agreement'), r.get('agreement_ci95'))}</td>"
-                         f"<td>{'-' if pc is None else f'{pc:.3f}'}</td></tr>")
+        for src, r in by_source:
+            parts.append(f"<tr><td>{_text(src)}</td><td>{_text(r.get('n'))}</td>"
+                         f"<td>{_fmt_ci(r.get('agreement'), r.get('agreement_ci95'))}</td>"
+                         f"<td>{_fmt(r.get('position_consistency'))}</td></tr>")
         parts.append("</table>")
-    if m.get("by_principle"):
+    if by_principle := _items(_get(m, "by_principle")):
         parts.append("<h2>By constitution principle</h2><table><tr><th>principle</th><th>n</th>"
                      "<th>agreement [95% CI]</th><th>other principles</th><th>flag</th></tr>")
-        for pid, r in m["by_principle"].items():
-            oa = r["others_agreement"]
-            parts.append(f"<tr><td>{html.escape(pid)}</td><td>{r['n']}</td><td>{_fmt_ci(r['agreement'], r['ci95'])}</td>"
-                         f"<td>{'-' if oa is None else f'{oa:.3f}'}</td>"
-                         f"<td>{'<b>disagrees more than the others</b>' if r['flagged'] else ''}</td></tr>")
+        for pid, r in by_principle:
+            parts.append(f"<tr><td>{_text(pid)}</td><td>{_text(r.get('n'))}</td><td>{_fmt_ci(r.get('agreement'), r.get('ci95'))}</td>"
+                         f"<td>{_fmt(r.get('others_agreement'))}</td>"
+                         f"<td>{'<b>disagrees more than the others</b>' if r.get('flagged') is True else ''}</td></tr>")
         parts.append("</table>")
-    if m.get("contrasts"):
+    if contrasts := _items(_get(m, "contrasts")):
         parts.append("<h2>Contrast probes</h2><table><tr><th>probe</th><th>n</th><th>mean P(variant better)</th>"
                      "<th>variant win rate [95% CI]</th></tr>")
-        for kind, c in m["contrasts"].items():
-            mp = c.get("mean_p_variant")
-            parts.append(f"<tr><td>{html.escape(kind)}</td><td>{c['n']}</td><td>{'-' if mp is None else f'{mp:.3f}'}</td>"
+        for kind, c in contrasts:
+            parts.append(f"<tr><td>{_text(kind)}</td><td>{_text(c.get('n'))}</td><td>{_fmt(c.get('mean_p_variant'))}</td>"
                          f"<td>{_fmt_ci(c.get('variant_win_rate'), c.get('variant_win_rate_ci95'))}</td></tr>")
         parts.append("</table>")
-    ident = report.get("judge_identity") or {}
+    ident = _get(report, "judge_identity") or {}
     parts.append("<h2>Judge identity</h2><pre>" + html.escape(json.dumps(ident, indent=2, default=str)) + "</pre>")
     parts.append("</body></html>\n")
     return "\n".join(parts)

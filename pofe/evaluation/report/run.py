@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +49,36 @@ class Plot:
     png: bytes
 
 
+# A run folder given to ``pofe report`` may come from anyone: a file larger than this is refused
+# rather than read whole into memory (the longest real metrics.jsonl is a few hundred MB).
+MAX_FILE_BYTES = 512 << 20
+
+
+class ReceivedFileError(PofeError):
+    """A file of the folder given to ``pofe report`` that is not a regular file (a FIFO that
+    would block the reader, a device) or is over :data:`MAX_FILE_BYTES` (bad input: exit 2)."""
+
+    exit_code = 2
+
+
+def _check_file(path: Path) -> None:
+    """Refuse, before anything opens it, a file of a received folder that is not a regular file
+    or is too large to read (``lstat``: a FIFO is never opened, so nothing blocks)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return  # the run-file readers refuse links themselves, with their own line
+    if not stat.S_ISREG(st.st_mode):
+        raise ReceivedFileError(f"{path}: not a regular file (a FIFO or device in a received run folder is never read)")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ReceivedFileError(f"{path}: {st.st_size} bytes, over the report's limit of {MAX_FILE_BYTES} bytes "
+                                f"per file")
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     from pofe.runs import read_jsonl
 
     try:
+        _check_file(path)
         return [r for r in read_jsonl(path) if isinstance(r, dict)]
     except (OSError, ValueError) as e:
         log.warning("report: cannot read %s (%s); skipping it", path, e)
@@ -61,8 +89,9 @@ def _read_json(path: Path) -> Any:
     from pofe.runs import read_run_text
 
     try:
+        _check_file(path)
         return json.loads(read_run_text(path))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply
         log.warning("report: %s is not valid JSON; skipping it", path)
         return None
 
@@ -80,6 +109,7 @@ def recorded_command(run_dir: Path) -> str | None:
     from pofe.runs import read_run_text
 
     try:
+        _check_file(Path(run_dir) / "run.json")
         command = json.loads(read_run_text(Path(run_dir) / "run.json")).get("command")
     except (OSError, ValueError, AttributeError):
         return None
@@ -120,7 +150,7 @@ class RunFolderNotFound(PofeError, FileNotFoundError):
 
 def load_run(run_dir: str | Path) -> RunData:
     d = Path(run_dir)
-    if d.is_file() and d.suffix == ".json":  # an audit report given directly
+    if d.suffix == ".json" and d.exists() and not d.is_dir():  # an audit report given directly
         run = RunData(d.parent)
         run.audit = _read_json(d)
         run.kind = "audit"
@@ -136,10 +166,16 @@ def load_run(run_dir: str | Path) -> RunData:
 
         from pofe.config import safe_yaml_load
 
-        run.config_text = read_run_text(d / "config.yaml")
+        _check_file(d / "config.yaml")
         try:
-            run.config = safe_yaml_load(run.config_text, str(d / "config.yaml")) or {}  # bounded, strict
+            run.config_text = read_run_text(d / "config.yaml")
+        except UnicodeDecodeError:
+            log.warning("report: %s is not UTF-8 text; skipping it", d / "config.yaml")
+        try:
+            run.config = safe_yaml_load(run.config_text or "", str(d / "config.yaml")) or {}  # bounded, strict
         except yaml.YAMLError:
+            run.config = {}
+        if not isinstance(run.config, dict):
             run.config = {}
     if (d / "summary.json").exists():
         run.summary = _read_json(d / "summary.json")
