@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import AfterValidator
 
-from pofe.plugins import PluginError, lookup, name_validator
+from pofe.plugins import PluginError, contained, lookup, name_validator
 
 DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
 
@@ -199,8 +199,10 @@ RMLossName = Annotated[str, AfterValidator(name_validator("pofe.rm_losses", lamb
 
 
 def get_loss(name: str) -> PreferenceLoss:
-    """The DAP loss named ``name``: built in (:data:`LOSSES`), else a ``pofe.losses`` plugin."""
-    return lookup("pofe.losses", name, LOSSES)
+    """The DAP loss named ``name``: built in (:data:`LOSSES`), else a ``pofe.losses`` plugin
+    (whose failures are one line naming it: :func:`pofe.plugins.contained`)."""
+    fn = lookup("pofe.losses", name, LOSSES)
+    return fn if name in LOSSES else contained("pofe.losses", name, fn)
 
 
 def default_beta(name: str) -> float:
@@ -215,4 +217,5 @@ def default_beta(name: str) -> float:
 
 def get_rm_loss(name: str) -> Callable[..., torch.Tensor]:
     """The reward-model loss named ``name``: built in (:data:`RM_LOSSES`), else a ``pofe.rm_losses`` plugin."""
-    return lookup("pofe.rm_losses", name, RM_LOSSES)
+    fn = lookup("pofe.rm_losses", name, RM_LOSSES)
+    return fn if name in RM_LOSSES else contained("pofe.rm_losses", name, fn)

@@ -38,6 +38,14 @@ class PluginError(ConfigError, ValueError):
     ``str(e)`` is one line; exit 2 (a ValueError too, like every unknown-name error before)."""
 
 
+class PluginCallError(PluginError):
+    """A plugin that raised, exited or broke its contract while it ran (a judge's second batch,
+    a loss): one line naming the plugin and its package; exit 1 (the run failed, its input was
+    fine). What the run wrote before stays."""
+
+    exit_code = 1
+
+
 def _check_group(group: str) -> None:
     if group not in GROUPS:
         raise ValueError(f"unknown plugin group {group!r}; one of {sorted(GROUPS)}")
@@ -76,19 +84,55 @@ def package_of(group: str, name: str) -> str | None:
     return None if ep is None else f"{dist.name} {dist.version}" if dist is not None else "?"
 
 
+def _failure(e: BaseException) -> str:
+    """What a plugin did, in a few words: ``sys.exit(0)`` in a plugin is an exit, not a success
+    of pofe's (it made ``pofe judge`` exit 0 with nothing written)."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    detail = " ".join(str(e).split())
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+
+
 @functools.cache
 def load_group(group: str) -> dict[str, object]:
     """name -> loaded object for every plugin of ``group`` (cached). A plugin that fails to
-    import raises :class:`PluginError` naming its entry point and package."""
+    import, or exits while importing, raises :class:`PluginError` naming its entry point and
+    package."""
     out: dict[str, object] = {}
     for name, ep in _entry_points(group).items():
         try:
             out[name] = ep.load()
-        except Exception as e:  # any failure of a plugin's import is reported as the plugin's
-            detail = " ".join(str(e).split()) or type(e).__name__
-            raise PluginError(f"{GROUPS[group]} plugin {name!r} failed to import ({_origin(ep)}): "
-                              f"{type(e).__name__}: {detail}") from e
+        except (Exception, SystemExit) as e:  # any failure of a plugin's import is reported as the plugin's
+            raise PluginError(f"{GROUPS[group]} plugin {name!r} failed to import ({_origin(ep)}): {_failure(e)}") from e
     return out
+
+
+def plugin_label(group: str, name: str) -> str:
+    """``judge kind plugin 'x' (package pofe-x 0.1)``: how a message names a plugin."""
+    return f"{GROUPS[group]} plugin {name!r} (package {package_of(group, name) or '?'})"
+
+
+def call_error(group: str, name: str, what: str, e: BaseException | None = None) -> PluginCallError:
+    """The one line for plugin ``name`` failing in ``what`` (raising or exiting: ``e``; else ``what``
+    says how it broke its contract)."""
+    return PluginCallError(f"{plugin_label(group, name)} failed {what}" + (f": {_failure(e)}" if e is not None else ""))
+
+
+def contained(group: str, name: str, fn: Callable) -> Callable:
+    """``fn`` (a plugin's function), with what it raises or an exit turned into one line naming
+    the plugin and its package (:class:`PluginCallError`). ``functools.wraps``: its attributes
+    and signature stay readable (a loss's ``default_beta``)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PluginError:
+            raise
+        except (Exception, SystemExit) as e:
+            raise call_error(group, name, "when called", e) from e
+
+    return call
 
 
 def clear_cache() -> None:

@@ -235,12 +235,79 @@ def build_judge(cfg, **runtime):
     if isinstance(cfg, dict):
         cfg = parse_judge_config(cfg)
     if isinstance(cfg, PluginJudgeConfig):  # a plugin kind builds its judge from its own options
-        return cfg.options.build(**runtime)
+        from pofe.plugins import call_error
+
+        try:
+            return PluginJudge(cfg.kind, cfg.options.build(**runtime))
+        except (Exception, SystemExit) as e:
+            raise call_error("pofe.judges", cfg.kind, "to build its judge", e) from e
     builder = JUDGES[cfg.kind]
     judge = builder(cfg, **runtime) if runtime else builder(cfg)
     if getattr(cfg, "price", None) is not None and hasattr(judge, "count"):  # a metered judge: its usage() prices its tokens
         judge.price = cfg.price
     return judge
+
+
+class PluginJudge:
+    """A plugin kind's judge, contained: what its ``judge`` / ``score`` raises (or an exit), a
+    verdict count that is not the batch's, and a probability or score that is not a finite number
+    in range become one line naming the plugin and its package (:class:`pofe.plugins.PluginCallError`),
+    never an internal error or a NaN row; the rows a command wrote before stay. Everything else
+    is the plugin's own object."""
+
+    def __init__(self, kind: str, inner: Any):
+        self.kind, self.inner = kind, inner
+        if hasattr(inner, "judge"):  # only the methods the plugin has (callers test with hasattr)
+            self.judge = self._judge
+        if hasattr(inner, "score"):
+            self.score = self._score
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def _call(self, method: str, prompts, *args, **kwargs) -> list:
+        from pofe.plugins import call_error
+
+        try:
+            out = getattr(self.inner, method)(prompts, *args, **kwargs)
+        except (Exception, SystemExit) as e:
+            raise call_error("pofe.judges", self.kind, f"in {method}() on a batch of {len(prompts)}", e) from e
+        try:
+            out = list(out)
+        except TypeError:
+            out = None
+        if out is None or len(out) != len(prompts):
+            got = "a " + type(out).__name__ if out is None else f"{len(out)} verdicts"
+            raise call_error("pofe.judges", self.kind, f"in {method}(): it returned {got} for {len(prompts)} items")
+        return out
+
+    def _bad(self, method: str, i: int, what: str, v: Any):
+        from pofe.plugins import call_error
+
+        return call_error("pofe.judges", self.kind, f"in {method}(): verdict {i} has {what} = {v!r} "
+                                                    f"(a finite number{' in [0, 1]' if what != 'score' else ''} or None)")
+
+    def _judge(self, prompts, responses_a, responses_b, **kwargs) -> list:
+        import math
+
+        out = self._call("judge", prompts, responses_a, responses_b, **kwargs)
+        for i, v in enumerate(out):
+            for key in ("p", "p_ab", "p_ba"):
+                x = getattr(v, key, None)
+                if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+                                      or not 0.0 <= x <= 1.0):
+                    raise self._bad("judge", i, key, x)
+        return out
+
+    def _score(self, prompts, responses, **kwargs) -> list:
+        import math
+
+        out = self._call("score", prompts, responses, **kwargs)
+        for i, v in enumerate(out):
+            x = getattr(v, "score", None)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)):
+                raise self._bad("score", i, "score", x)
+        return out
 
 
 def build_shared_judge(jcfg, *, model=None, tokenizer=None, judge_id: str | None = None):

@@ -152,3 +152,123 @@ def test_report_refuses_an_oversized_received_file(tmp_path, monkeypatch):
     res = invoke("report", str(d))
     assert error_lines(res) == [f"error: {d / 'metrics.jsonl'}: 150 bytes, over the report's limit of 100 bytes per file"], \
         res.stderr
+
+
+# ----------------------------------------------------------------------------- point 6: plugins contained
+
+_JUDGE_PLUGIN = '''
+from typing import ClassVar
+from pofe.config import PofeConfig
+from pofe.records import Judgment
+
+
+class J:
+    capabilities = frozenset({"pairwise"})
+
+    def __init__(self, mode):
+        self.mode, self.calls, self.id = mode, 0, "r3:" + mode
+
+    def judge(self, prompts, a, b, *, references=None):
+        self.calls += 1
+        if self.mode == "raise2" and self.calls == 2:
+            raise RuntimeError("backend went away")
+        n = len(prompts) - (1 if self.mode == "short" else 0)
+        p = float("nan") if self.mode == "nan" else 1.0
+        return [Judgment(p=p, p_ab=p, p_ba=p, consistent=True, parse_ok=True, judge_id=self.id) for _ in range(n)]
+
+
+class Opts(PofeConfig):
+    capabilities: ClassVar[frozenset[str]] = frozenset({"pairwise"})
+    mode: str = "ok"
+
+    def build(self, **runtime):
+        return J(self.mode)
+'''
+
+
+def _fake_dist(root: Path, name: str, entry_points: str, module: str, code: str) -> Path:
+    """A minimal installed distribution (what importlib.metadata reads) and its one module."""
+    d = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (d / "entry_points.txt").write_text(entry_points)
+    (root / f"{module}.py").write_text(code)
+    return root
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Put a fake plugin package on sys.path for this test, with the plugin caches cleared around it."""
+    from pofe import plugins
+
+    plugins.clear_cache()
+
+    def add(root: Path) -> None:
+        monkeypatch.syspath_prepend(str(root))
+        plugins.clear_cache()
+
+    yield add
+    plugins.clear_cache()
+
+
+def _pairs(tmp_path: Path, n: int = 4) -> Path:
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"Q{i}", "response_a": "a", "response_b": "b"}) + "\n" for i in range(n)))
+    return p
+
+
+def test_a_plugin_calling_sys_exit_on_import_is_one_line_naming_it(tmp_path, installed):
+    """``sys.exit(0)`` in a plugin's import made ``pofe judge`` exit 0 with nothing written."""
+    installed(_fake_dist(tmp_path / "site", "pofe-r3-exit", "[pofe.judges]\nr3-exit = r3_exiting:Opts\n",
+                         "r3_exiting", "import sys\nsys.exit(0)\n"))
+    res = invoke("judge", str(_pairs(tmp_path)), "--set", "judge.kind=r3-exit", "--set", f"run.output_dir={tmp_path / 'runs'}")
+    assert error_lines(res) == [
+        "error: --set judge.kind=r3-exit: bad value for 'judge.kind': judge kind plugin 'r3-exit' failed to import "
+        "(entry point 'r3-exit = r3_exiting:Opts' in group pofe.judges of package pofe-r3-exit 0.1): it called "
+        "sys.exit(0) (got 'r3-exit')"], res.stderr
+    assert res.returncode == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def _judge_with(tmp_path: Path, installed, mode: str):
+    installed(_fake_dist(tmp_path / "site", "pofe-r3", "[pofe.judges]\nr3 = r3_judge:Opts\n", "r3_judge", _JUDGE_PLUGIN))
+    return invoke("judge", str(_pairs(tmp_path)), "--set", "batch_size=2", "--set", "judge.kind=r3",
+                  "--set", f"judge.options.mode={mode}", "--set", f"run.output_dir={tmp_path / 'runs'}",
+                  "--set", "run.name=j")
+
+
+def test_a_plugin_judge_raising_on_its_second_batch_is_one_line_and_keeps_the_first(tmp_path, installed):
+    res = _judge_with(tmp_path, installed, "raise2")
+    assert error_lines(res) == ["error: judge kind plugin 'r3' (package pofe-r3 0.1) failed in judge() on a batch of 2: "
+                                "RuntimeError: backend went away"], res.stderr
+    assert res.returncode == 1
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "j" / "verdicts.jsonl").read_text().splitlines()]
+    assert [(r["prompt"], r["p"]) for r in rows] == [("Q0", 1.0), ("Q1", 1.0)]  # batch 1, kept
+
+
+@pytest.mark.parametrize("mode, why", [
+    ("short", "failed in judge(): it returned 1 verdicts for 2 items"),
+    ("nan", "failed in judge(): verdict 0 has p = nan (a finite number in [0, 1] or None)"),
+])
+def test_a_plugin_judge_breaking_its_contract_is_named(tmp_path, installed, mode, why):
+    """N-1 verdicts was "1 results for 2 items on process 0"; a NaN p was written with exit 0."""
+    res = _judge_with(tmp_path, installed, mode)
+    assert error_lines(res) == [f"error: judge kind plugin 'r3' (package pofe-r3 0.1) {why}"], res.stderr
+    assert res.returncode == 1
+    assert (tmp_path / "runs" / "j" / "verdicts.jsonl").read_text() == ""  # no NaN row written
+
+
+def test_a_plugin_loss_that_raises_is_named(tmp_path, installed):
+    import torch
+
+    from pofe.losses import default_beta, get_loss
+    from pofe.plugins import PluginCallError
+
+    installed(_fake_dist(tmp_path / "site", "pofe-r3-loss", "[pofe.losses]\nr3-boom = r3_loss:boom\n", "r3_loss",
+                         "def boom(pc, pr, rc, rr, *, beta=0.3, p=1.0):\n    raise ZeroDivisionError('oops')\n"))
+    assert default_beta("r3-boom") == 0.3  # its signature is still read through the wrapper
+    x = torch.zeros(2)
+    with pytest.raises(PluginCallError) as e:
+        get_loss("r3-boom")(x, x, x, x, beta=0.3)
+    assert str(e.value) == "loss plugin 'r3-boom' (package pofe-r3-loss 0.1) failed when called: ZeroDivisionError: oops"
+    assert e.value.exit_code == 1
