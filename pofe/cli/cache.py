@@ -50,8 +50,20 @@ def register(app: typer.Typer) -> None:
 
     @cache_app.command(help="Entries, sizes and age of the judge cache.")
     def stats(path: Optional[Path] = PathOpt, json_out: bool = JsonOpt) -> None:
+        from pofe.judges.cache import default_cache_path
+
+        if path is None and not default_cache_path().exists():
+            # no judge has cached a read yet: a state to report, not an error (a --path that is
+            # not there is a mistyped file and stays one)
+            where = default_cache_path()
+            if json_out:
+                emit_json({"path": str(where), "exists": False, "entries": 0, "file_bytes": 0, "data_bytes": 0,
+                           "oldest": None, "newest": None})
+            else:
+                typer.echo(f"no judge cache yet at {where} (a judge with the cache on writes it on its first read)")
+            return
         c = _open(path)
-        s = c.summary()
+        s = {**c.summary(), "exists": True}
         c.close()
         if json_out:
             emit_json(s)

@@ -26,20 +26,26 @@ def register(app: typer.Typer) -> None:
         source: Optional[Path] = typer.Argument(None, help="Run folder or pair file."),
         format: Optional[str] = typer.Option(None, "--format", "-f", help="trl, trl-conversational, alpaca_eval or datasets."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (a folder for datasets)."),
+        include: Optional[str] = typer.Option(None, "--include", metavar="trained|all",
+                                            help="trained (default): the pairs the run trained on; all: every judged "
+                                                 "pair. Ties (p = 0.5) are left out of the pair formats."),
         config: Optional[Path] = ConfigOpt,
         set_: Optional[list[str]] = SetOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         cfg = resolve_config(ExportConfig, config, set_, {"source": str(source) if source else None, "format": format,
-                                                          "output": str(output) if output else None}, print_config)
+                                                          "output": str(output) if output else None,
+                                                          "include": include}, print_config)
         if not cfg.source or not cfg.output:
             fail("pofe export RUN_DIR --format FORMAT -o OUT: a source and -o are required")
         from pofe.data.export import export_pairs
 
-        s = export_pairs(cfg.source, cfg.format, cfg.output)
+        s = export_pairs(cfg.source, cfg.format, cfg.output, cfg.include)
         if json_out:
             emit_json(s)
         else:
-            skipped = f" (skipped: {s['skipped']})" if s["skipped"] else ""
-            typer.echo(f"exported {s['pairs']} pairs from {s['input']} as {s['format']} -> {s['output']}{skipped}")
+            why = ", ".join(f"{n} {reason}" for reason, n in s["skipped"].items())
+            left = f"; left out {s['left_out']} rows ({why})" if s["skipped"] else ""
+            typer.echo(f"exported {s['pairs']} pairs from {s['input']} as {s['format']} -> {s['output']}"
+                       f"{left}")

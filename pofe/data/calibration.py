@@ -138,38 +138,63 @@ def source_name(path: Path) -> str:
     return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
+def _read_source(path: Path, seed: int, skip_bad_rows: bool) -> tuple[list[CalibrationItem], np.random.Generator]:
+    """All items of one source, and its rng (after the pair-order draws) for the subset draw."""
+    rows = read_located(path, skip_bad_rows=skip_bad_rows)
+    # One rng per file, seeded from the seed and the file name, so adding a file to the list
+    # never changes the order its items are shown in.
+    rng = np.random.default_rng([seed, sum(path.name.encode())])
+    source = source_name(path)
+    if rows.items and detect_format(rows.items[0][1]) == "pofe-annotate":
+        # An event log is read as a whole: undo and skip events refer to earlier rows.
+        return from_annotations([r for _, r in rows], source), rng
+    index = {where: i for i, (where, _) in enumerate(rows)}
+    return rows.map(lambda row, where: _item(row, where, detect_format(row), source, index[where], rng)), rng
+
+
+def _subset(items: list[CalibrationItem], n: int, rng: np.random.Generator) -> list[CalibrationItem]:
+    if n >= len(items):
+        return items
+    pick = np.sort(rng.choice(len(items), size=n, replace=False))
+    return [items[i] for i in pick]
+
+
 def load_calibration_file(path: str | Path, *, limit: int | None = None, seed: int = 0,
                           skip_bad_rows: bool = False) -> list[CalibrationItem]:
     """Items of one source -- a file, a save_to_disk folder or a named source such as
     ``llmbar:Natural`` (format detected per row); ``limit`` draws a seeded random subset of
     that many items (the whole source when ``None``)."""
-    path = Path(path)
-    rows = read_located(path, skip_bad_rows=skip_bad_rows)
-    # One rng per file, seeded from the seed and the file name, so adding a file to the list
-    # never changes which items another file contributes.
-    rng = np.random.default_rng([seed, sum(path.name.encode())])
-    source = source_name(path)
-    if rows.items and detect_format(rows.items[0][1]) == "pofe-annotate":
-        # An event log is read as a whole: undo and skip events refer to earlier rows.
-        items = from_annotations([r for _, r in rows], source)
-    else:
-        index = {where: i for i, (where, _) in enumerate(rows)}
-        items = rows.map(lambda row, where: _item(row, where, detect_format(row), source, index[where], rng))
-    if limit is not None and limit < len(items):
-        pick = np.sort(rng.choice(len(items), size=limit, replace=False))
-        items = [items[i] for i in pick]
-    return items
+    items, rng = _read_source(Path(path), seed, skip_bad_rows)
+    return items if limit is None else _subset(items, limit, rng)
+
+
+def shares(sizes: list[int], limit: int) -> list[int]:
+    """``limit`` items split evenly over sources of ``sizes``, a source smaller than its share
+    giving all it has and the rest split among the others (earlier sources take the remainder):
+    50 over two files of 100 is 25 + 25, over 100 and 20 is 30 + 20. Every source is
+    represented alike, as a per-file limit did, while the set is the size asked for."""
+    out, left = [0] * len(sizes), limit
+    open_ = [i for i, n in enumerate(sizes) if n > 0]
+    while left > 0 and open_:
+        each, extra = divmod(left, len(open_))
+        for rank, i in enumerate(open_):
+            give = min(sizes[i] - out[i], each + (rank < extra))
+            out[i] += give
+            left -= give
+        open_ = [i for i in open_ if out[i] < sizes[i]]
+    return out
 
 
 def load_calibration(paths: Iterable[str | Path], *, limit: int | None = None, seed: int = 0,
                      skip_bad_rows: bool = False) -> list[CalibrationItem]:
     """Items from files, folders (searched for calibration files) or named sources; ``limit``
-    applies per file."""
-    out: list[CalibrationItem] = []
-    for p in paths:
-        for f in _files(Path(p)):
-            out.extend(load_calibration_file(f, limit=limit, seed=seed, skip_bad_rows=skip_bad_rows))
-    return out
+    is the size of the whole set, split evenly over the sources (:func:`shares`; a seeded random
+    subset of each; one source draws exactly as :func:`load_calibration_file`)."""
+    read = [_read_source(f, seed, skip_bad_rows) for p in paths for f in _files(Path(p))]
+    if limit is None:
+        return [it for items, _ in read for it in items]
+    n = shares([len(items) for items, _ in read], limit)
+    return [it for (items, rng), k in zip(read, n) for it in _subset(items, k, rng)]
 
 
 def write_calibration(items: Iterable[CalibrationItem], path: str | Path) -> None:

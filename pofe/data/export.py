@@ -5,6 +5,14 @@ Inputs are whatever pair files pofe writes -- a run folder of ``pofe label`` / `
 (``verdicts.jsonl``), or any pair file :func:`pofe.data.preferences.load_preferences` reads.
 Rows the judge could not label (``p = null``) and identical pairs are skipped and counted.
 
+What is exported, by default (``include: trained``), is what a run trained on: an online ledger's
+annotation rows with ``status: trained`` (its ties, inconsistent, low-margin and ranking-only
+comparisons are left out and counted as ``not-trained:<status>``; rows without a status, as in
+other pair files, are kept); ``include: all`` keeps every judged pair. A tie (``p = 0.5``) is no
+preference, so the pair formats leave it out (``tie``: a TRL loss would read its "chosen" as the
+winner); ``alpaca_eval`` keeps it as its own tie, ``preference`` 1.5. The summary's ``skipped``
+counts everything left out, by reason.
+
 Formats (``p`` = P(chosen better), the soft label, always kept as a column):
 
 * ``trl`` -- TRL's standard preference format ``{prompt, chosen, rejected, p}`` as JSON
@@ -29,8 +37,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pofe.data.io import DataError, json_line, json_lines
-from pofe.data.preferences import PreferenceData, load_preferences
+from pofe.data.io import DataError, json_line, json_lines, read_located
+from pofe.data.preferences import to_pair
 from pofe.outputs import guard_outputs
 from pofe.records import PreferencePair
 
@@ -87,9 +95,34 @@ def export_rows(pairs: list[PreferencePair], fmt: Format) -> list[dict[str, Any]
     return rows
 
 
-def export_pairs(source: str | Path, fmt: Format, output: str | Path) -> dict[str, Any]:
+def exported_pair(row: dict[str, Any], where: str, *, trained_only: bool, keep_ties: bool) -> PreferencePair | str:
+    """One row as an exported pair, or the reason it is left out (see the module docstring)."""
+    status = row.get("status") if row.get("kind") == "annotation" else None
+    if trained_only and status is not None and status != "trained":
+        return f"not-trained:{status}"
+    got = to_pair(row, where)
+    if not keep_ties and isinstance(got, PreferencePair) and got.p == 0.5:
+        return "tie"
+    return got
+
+
+def read_exported(pair_file: Path, fmt: Format, include: str = "trained") -> tuple[list[PreferencePair], dict[str, int]]:
+    """The pairs of ``pair_file`` that ``fmt`` exports, and what was left out (reason -> count)."""
+    rows = read_located(pair_file)
+    got = rows.map(lambda row, where: exported_pair(row, where, trained_only=include == "trained",
+                                                   keep_ties=fmt == "alpaca_eval"))
+    skipped = dict(rows.skipped)
+    if not got:
+        raise DataError(f"{pair_file}: no pairs to export (left out: {skipped or 'none'}"
+                        + ("; --include all keeps the pairs the run did not train on"
+                           if any(k.startswith("not-trained:") for k in skipped) else "") + ")")
+    return got, skipped
+
+
+def export_pairs(source: str | Path, fmt: Format, output: str | Path, include: str = "trained") -> dict[str, Any]:
     """Read the pairs of ``source`` (a run folder or pair file) and write them as ``fmt`` to
-    ``output`` (a file; a folder for ``datasets``). Returns a summary."""
+    ``output`` (a file; a folder for ``datasets``); ``include``: ``trained`` or ``all``. Returns a
+    summary."""
     from pofe.runs import atomic_write_text
 
     if fmt not in FORMATS:
@@ -103,13 +136,13 @@ def export_pairs(source: str | Path, fmt: Format, output: str | Path) -> dict[st
     # also keeps a datasets folder out of a live run's folder.
     check = {"folders": {"-o"}} if fmt == "datasets" else {}
     guard_outputs({"-o": out}, [pair_file], **check)
-    data: PreferenceData = load_preferences(pair_file)
-    rows = export_rows(data.pairs, fmt)
+    kept, skipped = read_exported(pair_file, fmt, include)
+    rows = export_rows(kept, fmt)
     if fmt == "datasets":
         import datasets
 
         try:
-            ds = datasets.Dataset.from_list(export_rows(data.pairs, "trl"))
+            ds = datasets.Dataset.from_list(export_rows(kept, "trl"))
         except UnicodeEncodeError as e:  # Arrow stores UTF-8 only: a lone surrogate has no form there
             raise DataError(f"-o {output}: a pair holds {e.object[e.start:e.end]!r}, a lone surrogate that a datasets "
                             "(Arrow) folder cannot store; export with --format trl (JSON Lines keeps it)") from None
@@ -118,5 +151,5 @@ def export_pairs(source: str | Path, fmt: Format, output: str | Path) -> dict[st
         atomic_write_text(out, json_line(rows, indent=1) + "\n")
     else:
         atomic_write_text(out, json_lines(rows))
-    return {"input": str(pair_file), "output": str(out), "format": fmt, "pairs": len(rows),
-            "skipped": data.skipped}
+    return {"input": str(pair_file), "output": str(out), "format": fmt, "pairs": len(rows), "include": include,
+            "skipped": skipped, "left_out": sum(skipped.values())}

@@ -7,6 +7,9 @@ members' log-odds, a logarithmic opinion pool (Genest & Zidek 1986):
 
     p = sigma( sum_i w_i logit(p_i) / sum_i w_i ),   p_i clipped to [0.001, 0.999]
 
+Members that cancel (p and 1 - p at equal weight) pool to 0.5 exactly, a tie, not to a
+rounding error's 0.4999999999999999 (which hardens to "B").
+
 The same pool of the members' per-order reads gives the jury's ``p_ab`` and ``p_ba``, so an
 audit measures the jury's own position bias. Two members biased towards opposite positions
 cancel there: with p_ab = sigma(t + b), p_ba = sigma(t - b) for one and -b for the other, the
@@ -44,12 +47,26 @@ def _readable(p: Any) -> bool:
     return isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p)
 
 
+TIE_TOLERANCE = 1e-9
+"""Pooled log-odds within this fraction of the members' own (weighted mean |logit|) are an exact
+tie. Opposite reads do not cancel to 0.0 in floating point: 1 - 0.999 is 0.0010000000000000009,
+not 0.001, so a jury of a clipped 1 and a clipped 0 pooled to 0.4999999999999999 and voted "B"
+on every pair. The error is ~1e-13 of the log-odds at the clip; nothing a judge reads is that
+fine, so a pool that small is the cancellation it stands for and reads 0.5 exactly."""
+
+
 def pool(ps: Sequence[float | None], weights: Sequence[float]) -> float | None:
-    """The weighted mean of the log-odds of the readable ``ps`` (None: none is readable)."""
-    pairs = [(p, w) for p, w in zip(ps, weights) if _readable(p)]
+    """The weighted mean of the log-odds of the readable ``ps`` (None: none is readable); a
+    mean that cancels to within rounding (:data:`TIE_TOLERANCE`) is the tie 0.5, exactly, so
+    the pool is symmetric: swapping every member's p for 1 - p gives 1 - the pool."""
+    pairs = [(_logit(p), w) for p, w in zip(ps, weights) if _readable(p)]
     if not pairs:
         return None
-    return _sigmoid(sum(w * _logit(p) for p, w in pairs) / sum(w for _, w in pairs))
+    total = sum(w for _, w in pairs)
+    z = sum(w * x for x, w in pairs) / total
+    if abs(z) <= TIE_TOLERANCE * sum(w * abs(x) for x, w in pairs) / total:
+        return 0.5
+    return _sigmoid(z)
 
 
 def _map_tag(cmap: dict[str, Any]) -> str:

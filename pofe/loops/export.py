@@ -18,3 +18,7 @@ class ExportConfig(PofeConfig):
     annotations JSON (preference 1..2); datasets: a save_to_disk folder."""
     output: str | None = None
     """Output file (a folder for ``datasets``)."""
+    include: Literal["trained", "all"] = "trained"
+    """trained: the pairs the run trained on (an online ledger's ``status: trained`` rows; other pair files
+    have no status and are kept whole); all: every judged pair. Ties (p = 0.5) are left out of the pair
+    formats either way (alpaca_eval keeps them as preference 1.5); the summary counts what was left out."""

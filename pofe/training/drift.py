@@ -38,7 +38,8 @@ class DriftSettings(PofeConfig):
     calibration: list[str] = []
     """Labelled pair files, the formats ``pofe audit`` reads (pofe JSONL, HH-RLHF, LLMBar, annotate logs)."""
     limit: int | None = Field(None, ge=1)
-    """Seeded random subset of at most this many items per file (a small set keeps each check cheap)."""
+    """Seeded random subset of at most this many items in all, split evenly over the files (a small set keeps
+    each check cheap)."""
     contrasts: bool = True
     """Also judge the audit's contrast probes (padding, bullets, preamble, one-token attacks, answer-for-judge)."""
     contrast_limit: int = Field(16, ge=1)

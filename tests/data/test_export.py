@@ -115,6 +115,44 @@ def test_export_from_judge_verdicts_run(tmp_path):
         assert stat.S_IMODE((tmp_path / "j" / f).stat().st_mode) == 0o644, f
 
 
+def _trained_ledger(tmp_path: Path) -> Path:
+    """An online ledger as a real run writes it: every judged pair with its status, 2 trained."""
+    def ann(i, p, status):
+        return {"kind": "annotation", "pair_id": f"s1-r0-{i}", "step": 1, "prompt": f"q{i}", "response_a": f"a{i}",
+                "response_b": f"b{i}", "p": p, "status": status, "selected": status != "ranking"}
+
+    run = tmp_path / "online-run"
+    _jsonl(run / "ledger.jsonl", [ann(0, 0.9, "trained"), ann(1, 0.5, "ties"), ann(2, 0.55, "low_margin"),
+                                  ann(3, 0.2, "trained"), ann(4, 0.8, "ranking"), ann(5, 0.5, "ties"),
+                                  {"kind": "loss", "pair_id": "s1-r0-0", "step": 1, "loss": 0.6}])
+    return run
+
+
+def test_export_writes_the_trained_pairs_and_says_what_it_left_out(tmp_path):
+    run = _trained_ledger(tmp_path)
+    out = tmp_path / "trl.jsonl"
+    r = runner.invoke(app, ["export", str(run), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    # 6 judged pairs, 2 trained on (it exported all 6, the two ties as chosen/rejected pairs)
+    assert [json.loads(x) for x in out.read_text().splitlines()] == [
+        {"prompt": "q0", "chosen": "a0", "rejected": "b0", "p": 0.9},
+        {"prompt": "q3", "chosen": "b3", "rejected": "a3", "p": 0.8}]
+    assert r.stdout == (f"exported 2 pairs from {run / 'ledger.jsonl'} as trl -> {out}; left out 5 rows (2 "
+                        "not-trained:ties, 1 not-trained:low_margin, 1 not-trained:ranking, 1 other-row-kind)\n")
+    # every judged pair but the ties: a tie is no preference, never a chosen/rejected pair
+    r = runner.invoke(app, ["export", str(run), "-o", str(tmp_path / "all.jsonl"), "--include", "all", "--json"])
+    s = json.loads(r.stdout)
+    assert (s["pairs"], s["include"], s["skipped"], s["left_out"]) == (4, "all", {"tie": 2, "other-row-kind": 1}, 3)
+    # alpaca_eval has its own tie: preference 1.5
+    r = runner.invoke(app, ["export", str(run), "-f", "alpaca_eval", "-o", str(tmp_path / "a.json"), "--include", "all"])
+    assert [a["preference"] for a in json.loads((tmp_path / "a.json").read_text())] == \
+        pytest.approx([1.1, 1.5, 1.45, 1.8, 1.2, 1.5])
+    # a pair file of ties only: one line naming the file and what was left out
+    _jsonl(tmp_path / "ties.jsonl", [{"prompt": "q", "chosen": "x", "rejected": "y", "p": 0.5}])
+    r = runner.invoke(app, ["export", str(tmp_path / "ties.jsonl"), "-o", str(tmp_path / "t.jsonl")])
+    assert r.exit_code == 2
+    assert r.stderr == f"error: {tmp_path / 'ties.jsonl'}: no pairs to export (left out: {{'tie': 1}})\n"
+
 def test_export_bad_input_is_one_line_exit_2(tmp_path):
     r = runner.invoke(app, ["export", str(tmp_path / "nothing"), "--format", "trl", "-o", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and "no such run folder" in r.stderr

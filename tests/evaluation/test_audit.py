@@ -223,7 +223,8 @@ def test_cli_audit_exit_status_and_report(tmp_path):
     assert r.exit_code == 1, r.output
     rep = json.loads(r.stdout)
     assert rep["passed"] is False and json.loads(out.read_text())["checks"] == rep["checks"]
-    off = ["--set", "thresholds.min_agreement=null", "--set", "thresholds.max_abs_length_correlation=null",
+    off = ["--set", "thresholds.min_agreement=null", "--set", "thresholds.min_kappa=null",
+           "--set", "thresholds.max_abs_length_correlation=null",
            "--set", "thresholds.max_abs_length_slope=null", "--set", "contrasts=false"]
     r2 = runner.invoke(app, ["audit", str(cal), "--judge", "length", *off])
     assert r2.exit_code == 0, r2.output
@@ -255,13 +256,14 @@ def test_cli_calibration_and_limit_are_the_data_keys_and_the_old_keys_are_unknow
 def test_length_judge_audit_on_shared_data(shared_data):
     """Acceptance: the programmatic length judge audited on HH-RLHF + LLMBar reports a length
     correlation of 1 and fails the length threshold."""
-    cfg = AuditConfig(data={"calibration": [str(shared_data / "hh-rlhf"), str(shared_data / "llmbar")], "limit": 25},
+    cfg = AuditConfig(data={"calibration": [str(shared_data / "hh-rlhf"), str(shared_data / "llmbar")], "limit": 250},
                       judge=LengthJudgeConfig(prefer="longer"), contrast_limit=20)
     from pofe.evaluation.audit import audit_from_config
 
     rep = audit_from_config(cfg)
     m = rep["metrics"]
-    assert rep["calibration"]["n_items"] == 25 * 10  # 2 HH splits + 8 LLMBar files
+    assert rep["calibration"]["n_items"] == 25 * 10  # 25 from each of 2 HH splits + 8 LLMBar files
+    assert set(rep["calibration"]["by_source"].values()) == {25}
     assert {"hh-rlhf/helpful-base", "hh-rlhf/harmless-base", "LLMBar/Natural", "Adversarial/Neighbor",
             "Processed/MT-Bench"} <= set(rep["calibration"]["by_source"])
     assert m["length_correlation"] == pytest.approx(1.0)
@@ -312,3 +314,30 @@ def test_pointwise_judge_is_audited_as_pairwise():
     assert rep["judge"] == "words-scorer"
     assert m["agreement"] == pytest.approx(0.5) and m["parse_failures"] == 1
     assert m["position_consistency"] == 1.0 and m["first_position_win_rate"] == 0.5
+
+
+def test_limit_is_the_size_of_the_whole_calibration_set(tmp_path):
+    from pofe.data.calibration import shares
+
+    def write(name, n):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"prompt": f"{name} q{k}", "response_a": "short", "response_b": "longer one",
+                                            "label": "A"}) + "\n" for k in range(n)))
+        return path
+
+    a, b, c = write("a.jsonl", 100), write("b.jsonl", 100), write("c.jsonl", 20)
+    # --limit 50 over two files of 100 once gave 100 pairs (50 per file): 25 + 25 now
+    items = load_calibration([a, b], limit=50, seed=0)
+    assert len(items) == 50
+    sa, sb, sc = (f"{tmp_path.name}/{n}.jsonl" for n in "abc")  # source names: folder/file
+    assert [it.source for it in items].count(sa) == 25 and [it.source for it in items].count(sb) == 25
+    # one source draws exactly as before (its own seeded subset)
+    assert load_calibration([a], limit=7, seed=0) == load_calibration_file(a, limit=7, seed=0)
+    # evenly, a small file giving all it has: 25 + 25 wants 30 + 20 when one file holds 20
+    assert shares([100, 20], 50) == [30, 20] and shares([3, 3, 3], 4) == [2, 1, 1] and shares([5, 2], 50) == [5, 2]
+    assert [it.source for it in load_calibration([a, c], limit=50, seed=0)].count(sc) == 20
+    r = runner.invoke(app, ["audit", str(a), str(b), "--judge", "length", "--limit", "50", "--set", "contrasts=false",
+                            "--json"])
+    rep = json.loads(r.stdout)
+    assert rep["calibration"]["n_items"] == 50 and rep["calibration"]["limit"] == 50
+    assert rep["calibration"]["by_source"] == {sa: 25, sb: 25}

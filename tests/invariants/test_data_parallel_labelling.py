@@ -228,7 +228,7 @@ def test_audit_two_processes_equal_one(tmp_path):
     cal.write_text("".join(json.dumps({"prompt": f"Q{i}? Say more.", "response_a": "Yes. " * (1 + i % 3) + "It works.",
                                        "response_b": "No. " * (1 + i % 2) + "It does not.", "label": "AB"[i % 2]}) + "\n"
                            for i in range(7)))
-    thresholds = {k: None for k in ("min_agreement", "min_position_consistency", "max_first_position_bias",
+    thresholds = {k: None for k in ("min_agreement", "min_kappa", "min_position_consistency", "max_first_position_bias",
                                     "max_abs_length_correlation", "max_abs_length_slope", "max_parse_failure_rate",
                                     "max_contrast_bias", "max_attack_win_rate")}
 

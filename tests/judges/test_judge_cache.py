@@ -166,6 +166,19 @@ def test_pofe_cache_bad_input_is_one_line_exit_2(tmp_path, app):
     assert r.exit_code == 2 and "--max-size 'lots'" in r.output
 
 
+def test_pofe_cache_stats_without_a_cache_says_so_and_exits_0(tmp_path, app, monkeypatch):
+    # a fresh install has no cache until a judge reads: a state, not an error (it exited 2)
+    monkeypatch.setenv("POFE_HOME", str(tmp_path / "home"))
+    where = tmp_path / "home" / "judge-cache.sqlite"
+    r = CliRunner().invoke(app, ["cache", "stats"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f"no judge cache yet at {where} (a judge with the cache on writes it on its first read)\n"
+    r = CliRunner().invoke(app, ["cache", "stats", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == {
+        "path": str(where), "exists": False, "entries": 0, "file_bytes": 0, "data_bytes": 0, "oldest": None,
+        "newest": None}
+    assert not where.exists()  # looking creates nothing
+
 def test_parse_size():
     from pofe.cli.cache import parse_size
 

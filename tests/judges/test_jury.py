@@ -151,6 +151,38 @@ def test_an_unreadable_member_is_left_out_and_counted_and_none_readable_is_unrea
     assert [r["parse_failure_rate"] for r in rep["jury"]["rows"]] == [1.0, 0.0, 0.0]
 
 
+
+def test_opposite_judges_pool_to_an_exact_tie():
+    # 1 - 0.999 is 0.0010000000000000009 in floats: the clipped 1 and 0 once pooled to
+    # 0.4999999999999999, a "B" on every pair. Cancelling members are a tie, exactly.
+    assert pool([1.0, 0.0], [0.5, 0.5]) == 0.5
+    assert pool([0.1, 1 - 0.1], [0.5, 0.5]) == 0.5
+    assert pool([0.8, 0.2, 0.3, 0.7], [0.25] * 4) == 0.5
+    j = JuryJudge([Fixed("yes", 1.0), Fixed("no", 0.0)]).judge(["q"], ["x"], ["y"])[0]
+    assert (j.p, j.p_ab, j.p_ba) == (0.5, 0.5, 0.5)
+    # symmetric: every member's p -> 1 - p gives 1 - the pool (0.8 and 0.4 at 3:1: 0.718767)
+    assert pool([0.2, 0.6], [0.75, 0.25]) == pytest.approx(1 - 0.718767, abs=1e-6)
+
+
+# 7 of 10 human labels "B": a judge that always says "B" agrees 0.7 and carries no information
+UNBALANCED = [CalibrationItem(f"q{k}", f"a{k}", f"b{k}", "B" if k < 7 else "A", "planted") for k in range(10)]
+
+
+def test_a_jury_carrying_no_information_fails_the_agreement_gate():
+    tie = run_audit(JuryJudge([Fixed("yes", 1.0), Fixed("no", 0.0)]), UNBALANCED, AuditConfig(contrasts=False))
+    # every verdict a tie (each counts one half): agreement 0.5; kappa (0 - 0) / (1 - 0) = 0
+    assert tie["checks"]["agreement"] == {"value": 0.5, "threshold": 0.6, "op": ">=", "passed": False}
+    assert tie["checks"]["cohen_kappa"] == {"value": 0.0, "threshold": 0.2, "op": ">=", "passed": False}
+    assert tie["passed"] is False
+    always_b = run_audit(JuryJudge([Fixed("b1", 0.2), Fixed("b2", 0.3)]), UNBALANCED, AuditConfig(contrasts=False))
+    # agreement 7/10 passes its bar; kappa: p_o = 0.7, p_e = 1.0 * 0.7 = 0.7, (0.7 - 0.7) / 0.3 = 0
+    assert always_b["checks"]["agreement"]["value"] == pytest.approx(0.7)
+    assert always_b["checks"]["agreement"]["passed"] is True
+    assert always_b["checks"]["cohen_kappa"] == {"value": 0.0, "threshold": 0.2, "op": ">=", "passed": False}
+    assert always_b["passed"] is False
+    assert "    [FAIL] cohen_kappa = 0.000 (needs >= 0.2)" in format_audit(always_b).splitlines()
+
+
 # ----------------------------------------------------------------------------- from config
 @pytest.fixture
 def values(tmp_path, monkeypatch):

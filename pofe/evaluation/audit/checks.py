@@ -29,6 +29,8 @@ def evaluate_checks(metrics: dict[str, Any], th: AuditThresholds) -> dict[str, d
         return None if x is None else abs(x)
 
     add("agreement", metrics.get("agreement"), th.min_agreement, ">=")
+    # agreement beyond chance: a constant verdict agrees with unbalanced labels at their rate
+    add("cohen_kappa", metrics.get("cohen_kappa"), th.min_kappa, ">=")
     add("position_consistency", metrics.get("position_consistency"), th.min_position_consistency, ">=")
     fp = metrics.get("first_position_win_rate")
     add("first_position_bias", None if fp is None else abs(fp - 0.5), th.max_first_position_bias, "<=")

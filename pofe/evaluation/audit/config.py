@@ -18,6 +18,11 @@ class AuditThresholds(PofeConfig):
     min_agreement: float | None = Field(0.6, ge=0, le=1)
     """Agreement with human labels (non-tie items). Human-human agreement on HH-style data is
     roughly 0.6-0.75, so a judge much below 0.6 is close to chance."""
+    min_kappa: float | None = Field(0.2, ge=-1, le=1)
+    """Cohen's kappa of the judge's verdicts against the human labels: agreement beyond what the
+    two label frequencies give by chance. Agreement alone passes a judge that carries no
+    information when the labels are unbalanced (always "B" on a set that is 70% B agrees 0.7,
+    kappa 0); 0.2 is the 0.6 agreement bar on balanced labels, corrected for chance."""
     min_position_consistency: float | None = Field(0.7, ge=0, le=1)
     """Share of items where both orders prefer the same response."""
     max_first_position_bias: float | None = Field(0.1, ge=0, le=0.5)
@@ -42,7 +47,8 @@ class AuditDataConfig(PofeConfig):
     calibration: list[str] = []
     """Calibration files or folders (pofe JSONL, HH-RLHF .jsonl(.gz), LLMBar .json)."""
     limit: int | None = Field(None, ge=1)
-    """Seeded random subset of at most this many items per file."""
+    """Seeded random subset of at most this many items in all, split evenly over the files (a file
+    with fewer gives all it has)."""
 
 
 class AuditConfig(PofeConfig):

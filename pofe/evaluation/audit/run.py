@@ -68,7 +68,7 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
         "judge_config": cfg.judge.model_dump(),
         "calibration": {"paths": list(cfg.data.calibration), "n_items": len(items), "by_source": sources,
                         "sha256": calibration_set_hash(items),
-                        "limit_per_file": cfg.data.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
+                        "limit": cfg.data.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
         "thresholds": cfg.thresholds.model_dump(),
         "metrics": metrics,
         "checks": checks,
