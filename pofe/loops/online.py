@@ -217,7 +217,7 @@ class OnlineRecipe(Recipe):
     def step(self, step: int) -> dict[str, Any]:
         from pofe.evaluation.vs_initial import evaluate_vs_initial
         from pofe.training import fault_point, seed_everything
-        from pofe.training.dap_step import dap_update, schedule_step, step_row
+        from pofe.training.dap_step import dap_update, step_row
         from pofe.training.parallel import step_seed
 
         cfg, acc = self.cfg, self.run.acc
@@ -228,11 +228,10 @@ class OnlineRecipe(Recipe):
         probe = self.offpolicy.before_update(step, acc.unwrap_model(self.ddp), self.tokenizer, cfg.sampling,
                                              device=acc.device) if self.offpolicy else {}
         measured = measure_reference(self.reference, sp.pairs, self.run.dp, self.tokenizer, cfg)  # once, engine only
-        res, grad_norm = dap_update(acc, self.ddp, self.reference, sp.pairs, optimizer=self.optimizer,  # 4.
-                                    loss_fn=self.loss_fn, beta=self.beta, pad_token_id=self.tokenizer.pad_token_id,
-                                    cfg=cfg, step=step, times=sp.times)
+        res, grad_norm, lr = dap_update(acc, self.ddp, self.reference, sp.pairs, optimizer=self.optimizer,  # 4.
+                                        scheduler=self.scheduler, loss_fn=self.loss_fn, beta=self.beta, pad_token_id=self.tokenizer.pad_token_id,
+                                        cfg=cfg, step=step, times=sp.times)
         self.source.after_update(step, sp.times)
-        lr = schedule_step(self.scheduler)
         sp.times["step"] = time.perf_counter() - t0
         row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
         row.update(measured)

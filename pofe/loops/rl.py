@@ -230,7 +230,7 @@ class RLRecipe(Recipe):
         # rank 0 keeps the one-process seed; the others are offset past any step count, so no two
         # processes (nor two steps) share a sampling seed
         row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
-                      seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, monitor_fn=self.monitor_fn, dp=dp)
+                      seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, step=step, monitor_fn=self.monitor_fn, dp=dp)
         row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None), dp=dp) if self.drift else {})
         return {**row, **self.meter.row(step)}  # a collective under data parallel
 

@@ -173,7 +173,8 @@ class RMRecipe(Recipe):
         cfg = self.cfg
         batch = [self.train[i] for i in self.dp.shard(self.schedule[step - 1])]  # this process's part of the step
         row = {"epoch": (step - 1) // self.steps_per_epoch,
-               **rm_step(self.model, self.tokenizer, batch, cfg, self.optimizer, self.scheduler, self.loss_fn, self.dp)}
+               **rm_step(self.model, self.tokenizer, batch, cfg, self.optimizer, self.scheduler, self.loss_fn, self.dp,
+                       step=step)}
         if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_pairs:
             ev = self.evaluate()
             row.update({"eval_loss": ev["loss"], "eval_accuracy": ev["accuracy"], "eval_ece": ev["ece"],

@@ -6,6 +6,7 @@ are re-exported below; modules inside this package import from the defining modu
 * ``guards`` -- a non-finite loss stops the run, single-process refusal of ``WORLD_SIZE > 1``, fault points.
 * ``model`` -- the ``model:`` sections, loading the policy (new or continued LoRA), the reference pi_0.
 * ``optim`` -- the ``optim:`` section: AdamW or Adafactor, warm-up then constant / linear / cosine.
+* ``step`` -- ``optimizer_step``: the one optimiser step every command takes (sync, finite-loss check, clip, step, schedule).
 * ``dap`` -- the direct-alignment update: pairs -> policy / reference log-probs -> DPO / IPO / SLiC loss.
 * ``dap_step`` -- one ``pofe online`` step (OAIF Algorithm 1, step 4) and its metrics row.
 * ``rl`` -- policy-gradient pieces of ``pofe rl``: RLOO / GRPO baselines, KL estimators, the loss.

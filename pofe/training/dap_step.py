@@ -6,53 +6,43 @@ per-pair losses written to the ledger. No gradient flows through sampling or ann
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 from pofe.training.dap import DapResult, TokenPair, dap_backward
-from pofe.training.guards import check_finite
 from pofe.training.ledger import loss_row
 from pofe.training.metrics import step_metrics
-from pofe.training.parallel import gather, reduce_sum, stepped_grad_norm
+from pofe.training.parallel import gather, reduce_sum
+from pofe.training.step import optimizer_step
 from pofe.training.zero import ZeroOptimizer
 
 
-def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, loss_fn, beta: float, pad_token_id: int,
+def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, scheduler, loss_fn, beta: float, pad_token_id: int,
                cfg, step: int, times: dict[str, float]) -> tuple[DapResult | None, float | None]:
     """One optimiser step on the DAP loss of ``pairs`` (this process's; ``policy`` is the DDP
     wrapper). The loss is normalised by the pairs of all processes, so the all-reduced mean
     gradient is the gradient of the global mean loss. A NaN/inf loss stops the run before the
     optimiser step (and so before any checkpoint). Returns the result and the gradient norm
-    (None when nothing was trained anywhere: the optimiser step is skipped)."""
+    (None when nothing was trained anywhere: the optimiser step is skipped) and the learning rate the
+    step used; the schedule advances either way (:func:`pofe.training.step.optimizer_step`)."""
     world = acc.num_processes
     n_global = reduce_sum(acc, len(pairs))
-    res = grad_norm = None
+    res = None
     if n_global > 0:
         res = dap_backward(policy, reference, pairs, loss_fn=loss_fn, beta=beta, micro_batches=cfg.train.grad_accum,
                            normaliser=n_global / world, pad_token_id=pad_token_id, backward=acc.backward, device=acc.device,
                            # ZeRO reduces in every backward and accumulates until its step: no no_sync
                            no_sync=None if isinstance(optimizer, ZeroOptimizer) else lambda: acc.no_sync(policy),
                            lockstep=world > 1, precision=cfg.train.precision)
-        for ps in res.pairs:
-            check_finite(ps.loss, step=step, detail=f"pair {ps.pair_id}")
         t_opt = time.perf_counter()
-        if cfg.optim.grad_clip and not isinstance(optimizer, ZeroOptimizer):
-            grad_norm = float(acc.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip))
-        optimizer.step()
-        if cfg.optim.grad_clip:
-            grad_norm = stepped_grad_norm(optimizer, grad_norm)  # ZeRO: DeepSpeed clipped in its step
+        # ZeRO clips inside its own step; otherwise accelerate's clip on the DDP wrapper's parameters
+        clip = (lambda ps, m: None) if isinstance(optimizer, ZeroOptimizer) else (
+            lambda ps, m: float(acc.clip_grad_norm_(ps, m)))
+        done = optimizer_step(optimizer, scheduler, policy.parameters(), step=step, grad_clip=cfg.optim.grad_clip,
+                              losses={f"pair {ps.pair_id}": ps.loss for ps in res.pairs}, clip=clip)
         times.update(reference=res.time_ref, policy=res.time_policy, optimizer=time.perf_counter() - t_opt)
-    optimizer.zero_grad(set_to_none=True)
-    return res, grad_norm
-
-
-def schedule_step(scheduler) -> float:
-    """Advance the learning-rate schedule; returns the rate this step used."""
-    lr = scheduler.get_last_lr()[0]
-    with warnings.catch_warnings():  # a step with no labelled pair skips optimizer.step(), not the schedule
-        warnings.simplefilter("ignore", UserWarning)
-        scheduler.step()
-    return lr
+    else:  # nothing labelled on any process: no update, but the schedule still advances with the step
+        done = optimizer_step(optimizer, scheduler, policy.parameters(), step=step, losses={}, trained=False)
+    return res, done.grad_norm, done.lr
 
 
 def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm: float | None, ledger, engine,

@@ -11,14 +11,15 @@ from typing import Any
 import torch
 
 from pofe.generation import SamplingConfig
-from pofe.training.parallel import DataParallel, merge_metrics, stepped_grad_norm
+from pofe.training.parallel import DataParallel, merge_metrics
 from pofe.training.precision import autocast
 from pofe.training.rl import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
                               token_logprobs)
+from pofe.training.step import optimizer_step
 
 
 def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: RewardFn, optimizer, scheduler,
-            *, seed: int, monitor_fn: RewardFn | None = None, dp: DataParallel = DataParallel()) -> dict[str, Any]:
+            *, seed: int, step: int, monitor_fn: RewardFn | None = None, dp: DataParallel = DataParallel()) -> dict[str, Any]:
     """Sample -> score -> one group-baseline policy-gradient update (``cfg``: the command's RLConfig) on this
     process's ``prompts``. A group never spans processes, so its baseline is local; the loss is the
     mean over every process's sequences. Returns the step's metrics, over all processes."""
@@ -77,14 +78,9 @@ def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: Rewa
         loss = loss.sum() / n_all
         loss.backward()
         loss_sum += float(loss.detach())
-    dp.all_reduce_grads(policy.parameters())
-    params = [p for p in policy.parameters() if p.requires_grad]
-    gn = dp.clip_grad_norm(params, cfg.optim.grad_clip) if cfg.optim.grad_clip else None
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    scheduler.step()
-    if cfg.optim.grad_clip:
-        gn = stepped_grad_norm(optimizer, gn)  # ZeRO: DeepSpeed clipped in its step
+    done = optimizer_step(optimizer, scheduler, policy.parameters(), losses={"": dp.sum(loss_sum)}, step=step,
+                          grad_clip=cfg.optim.grad_clip, dp=dp)
+    gn, lr = done.grad_norm, done.lr
     t3 = time.perf_counter()
     r, valid, total, k1, k3, ent = (torch.tensor(dp.cat(x.tolist())) for x in (r, valid, total, k1, k3, ent))
     rv = r[valid]

@@ -12,9 +12,10 @@ import torch
 
 from pofe.records import PreferencePair
 from pofe.training.activations import lean_activations
-from pofe.training.parallel import DataParallel, stepped_grad_norm
+from pofe.training.parallel import DataParallel
 from pofe.training.precision import autocast
 from pofe.training.reward_model import pair_prompt, rewards
+from pofe.training.step import optimizer_step
 
 
 def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int | None = None) -> list[list[int]]:
@@ -29,11 +30,12 @@ def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int |
 
 
 def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, scheduler, loss_fn,
-            dp: DataParallel = DataParallel()) -> dict[str, Any]:
+            dp: DataParallel = DataParallel(), *, step: int) -> dict[str, Any]:
     """One optimiser step of ``loss_fn(Δr, p)`` (the soft Bradley-Terry loss by default, whose
     per-pair minimiser is Δr = logit(p)) on this process's ``batch``, the mean taken over every
     process's pairs; ``cfg`` is ``pofe rm``'s config (``train.precision``, ``max_length``,
-    ``optim.grad_clip``). TRL's metric names, over the whole step."""
+    ``optim.grad_clip``). ``step`` (1-based) names the step in a non-finite-loss error. TRL's
+    metric names, over the whole step."""
     t0 = time.perf_counter()
     n = dp.sum(len(batch))
     optimizer.zero_grad(set_to_none=True)
@@ -49,15 +51,9 @@ def rm_step(model, tokenizer, batch: Sequence[PreferencePair], cfg, optimizer, s
         loss = loss_fn(margin, p).sum() / n
         loss.backward()
         loss_sum = float(loss.detach())
-    dp.all_reduce_grads(model.parameters())
-    gn = None
-    if cfg.optim.grad_clip:
-        gn = dp.clip_grad_norm([x for x in model.parameters() if x.requires_grad], cfg.optim.grad_clip)
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    scheduler.step()
-    if cfg.optim.grad_clip:
-        gn = stepped_grad_norm(optimizer, gn)  # ZeRO: DeepSpeed clipped in its step
+    done = optimizer_step(optimizer, scheduler, model.parameters(), losses={"": dp.sum(loss_sum)}, step=step,
+                          grad_clip=cfg.optim.grad_clip, dp=dp)
+    gn, lr = done.grad_norm, done.lr
     k = len(batch)
     chosen, rejected = (torch.tensor(dp.cat(v.detach().cpu().tolist())) for v in (r[:k], r[k:]))
     m, p = chosen - rejected, torch.tensor(dp.cat([q.p for q in batch]))

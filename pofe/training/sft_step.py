@@ -19,10 +19,9 @@ from pofe.logprobs import build_batch, completion_token_logprobs
 from pofe.models import apply_chat_template
 from pofe.records import SFTExample
 from pofe.training.activations import lean_activations
-from pofe.training.guards import check_finite
-from pofe.training.optim import trainable_parameters
-from pofe.training.parallel import DataParallel, stepped_grad_norm
+from pofe.training.parallel import DataParallel
 from pofe.training.precision import Precision, autocast
+from pofe.training.step import optimizer_step
 
 
 @dataclass(frozen=True)
@@ -100,16 +99,9 @@ def sft_step(model, items: Sequence[Tokenized], optimizer, scheduler, *, micro_b
         # Token-mean over the whole optimiser batch, whatever the micro-batching and the processes.
         (nll / n_tok).backward()
         total_nll += float(nll.detach())
-    dp.all_reduce_grads(model.parameters())
     total_nll = dp.sum(total_nll)
-    grad_norm = None
-    if grad_clip is not None:
-        grad_norm = dp.clip_grad_norm(trainable_parameters(model), grad_clip)
-    lr = optimizer.param_groups[0]["lr"]
-    check_finite(total_nll, step=step, detail=detail)
-    optimizer.step()
-    scheduler.step()
-    if grad_clip is not None:
-        grad_norm = stepped_grad_norm(optimizer, grad_norm)  # ZeRO: DeepSpeed clipped in its step
+    done = optimizer_step(optimizer, scheduler, model.parameters(), losses={detail: total_nll}, step=step,
+                          grad_clip=grad_clip, dp=dp)
+    lr, grad_norm = done.lr, done.grad_norm
     return {"loss": total_nll / n_tok, "learning_rate": lr, "grad_norm": grad_norm, "num_tokens": int(n_tok),
             "eft_share": dp.sum(sum(x.source == "eft" for x in items)) / dp.sum(len(items))}
