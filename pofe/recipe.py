@@ -242,12 +242,16 @@ def rewind(run_dir: Path, step: int, sizes: dict[str, int], names: tuple[str, ..
 
 
 def _load(run: RunContext, recipe: Recipe) -> None:
-    from pofe.training.checkpoints import latest_checkpoint, load_checkpoint
+    from pofe.training.checkpoints import check_outputs, load_checkpoint, resume_point
 
-    ckpt = latest_checkpoint(run.dir)
+    # the newest checkpoint that matches its manifest (a damaged one is passed over, saying so), and
+    # the outputs it counted still whole: checked before anything is loaded or rewound
+    ckpt = resume_point(run.dir)
     if ckpt is None:
         return
-    info = load_checkpoint(ckpt, model=recipe.unwrapped(), optimizer=recipe.optimizer, scheduler=recipe.scheduler)
+    check_outputs(run.dir, ckpt, recipe.outputs)
+    info = load_checkpoint(ckpt, model=recipe.unwrapped(), optimizer=recipe.optimizer, scheduler=recipe.scheduler,
+                           verify=False)
     run.start, run.state = int(info["step"]), dict(info["state"])
 
 
@@ -287,14 +291,15 @@ def _zero_engine(run: RunContext, recipe: Recipe) -> None:
 
 
 def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
-    from pofe.training.checkpoints import prune_checkpoints, save_checkpoint
+    from pofe.training.checkpoints import output_record, prune_checkpoints, save_checkpoint
 
     own = recipe.checkpoint_state()  # every process: a recipe may gather here
     full = _full_state(run, recipe)
     if run.main:
-        state = {**own, "outputs": output_sizes(run.dir, recipe.outputs)}
+        outputs = output_record(run.dir, recipe.outputs)  # bytes, rows, sha256: a resume refuses one cut short
+        state = {**own, "outputs": {n: r["bytes"] for n, r in outputs.items()}}
         save_checkpoint(run.dir / "checkpoints" / f"step-{step}", model=recipe.unwrapped(), optimizer=recipe.optimizer,
-                        scheduler=recipe.scheduler, step=step, state=state, **full)
+                        scheduler=recipe.scheduler, step=step, state=state, processes=run.world, outputs=outputs, **full)
         prune_checkpoints(run.dir, keep_last)
     run.wait()
 

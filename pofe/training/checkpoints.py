@@ -12,13 +12,25 @@ Layout of ``checkpoints/step-N/``::
     trainer_state.safetensors  optimiser state tensors + RNG state tensors
     trainer_state.json         step, loop state, optimiser/scheduler non-tensor state, RNG scalars
     meta.json                  step + scalar loop state, for humans and tools
+    manifest.json              written last: size and sha256 of every file above, the step, the
+                               number of processes, the pofe version, and each append-only output
+                               of the run (bytes, rows, sha256) as it was at this step
+
+Why a manifest: a checkpoint is read back days later from a disk that may have rotted, or from a
+folder someone edited or cut short; a resume from wrong weights or a wrong step runs on with exit
+0. :func:`verify_checkpoint` checks every file against it before anything is loaded, and
+:func:`resume_point` passes over a damaged newest checkpoint for the previous intact one, saying
+so. A checkpoint of an older pofe (``trainer_state.json`` format 2, no manifest) is accepted with a
+warning after the structural checks only: refusing it would strand every run started before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -32,10 +44,17 @@ import torch
 from pofe.training.guards import check_finite_weights
 from pofe.errors import PofeError
 
-FORMAT = 2
-"""trainer_state.json format; 1 was the pickled trainer_state.pt (refused, never read)."""
+FORMAT = 3
+"""trainer_state.json format; 1 was the pickled trainer_state.pt (refused, never read), 2 had no
+manifest.json (accepted with a warning), 3 has one (a format-3 checkpoint without it is damaged)."""
+NL = b"\n"
+MANIFEST = "manifest.json"
+"""Written last into every checkpoint: what :func:`verify_checkpoint` checks the files against."""
 FINAL_MARKER = "pofe_final.json"
 """Written last into ``final/``: the files and their sizes, so a torn folder is detected."""
+
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(PofeError):
@@ -190,11 +209,14 @@ def _trainable_state_dict(model) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, step: int,
                     state: dict[str, Any] | None = None, model_state: dict[str, torch.Tensor] | None = None,
-                    optimizer_state: dict[str, Any] | None = None) -> Path:
+                    optimizer_state: dict[str, Any] | None = None, processes: int = 1,
+                    outputs: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write a checkpoint atomically: a temporary directory renamed into place, so a crash
     mid-write never leaves a checkpoint that resume would trust. ``model_state`` /
     ``optimizer_state``: the trainable weights and the optimiser state already gathered whole
-    (a sharded model, :mod:`pofe.training.sharding`), written instead of reading them here."""
+    (a sharded model, :mod:`pofe.training.sharding`), written instead of reading them here.
+    ``processes``: how many processes ran the step; ``outputs``: the run's append-only outputs as
+    :func:`output_record` found them, both recorded in ``manifest.json`` (written last)."""
     from safetensors.torch import save_file
 
     ckpt_dir = Path(ckpt_dir)
@@ -217,19 +239,66 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         # meta.json is for humans and tools: scalars only
         small = {k: v for k, v in (state or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
         (tmp / "meta.json").write_text(json.dumps({"step": step, **small}))
+        _write_manifest(tmp, step=step, processes=processes, outputs=outputs)  # last: it vouches for the rest
     return ckpt_dir
 
 
-def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict[str, Any]:
-    """Restore a checkpoint written by :func:`save_checkpoint`; returns ``{"step", "state"}``.
+def _sha256(path: Path, limit: int | None = None) -> str:
+    """sha256 of a file's bytes (of its first ``limit`` bytes), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            block = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not block:
+                break
+            h.update(block)
+            if left is not None:
+                left -= len(block)
+    return h.hexdigest()
 
-    Reads only safetensors and JSON. A checkpoint in the old pickled format
-    (``trainer_state.pt``) is refused, never unpickled."""
-    from safetensors.torch import load_file
 
-    ckpt_dir = Path(ckpt_dir)
+def _write_manifest(folder: Path, *, step: int, processes: int, outputs: dict[str, dict[str, Any]] | None) -> None:
+    from pofe import __version__
+
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {"format": 1, "step": step, "processes": processes, "pofe_version": __version__, "files": files,
+                "outputs": outputs or {}}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def output_record(run_dir: str | Path, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each append-only output of a run now: ``{"bytes", "rows", "sha256"}`` (a missing file: 0 rows).
+    Recorded in the checkpoint, so that a resume can tell an output cut short or deleted after it
+    (whose rows a resume would never redo) from one that only grew."""
+    from pofe.runs import open_run_file
+
+    out: dict[str, dict[str, Any]] = {}
+    for n in names:
+        path = Path(run_dir) / n
+        if not os.path.lexists(path):
+            out[n] = {"bytes": 0, "rows": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+            continue
+        h, rows, size = hashlib.sha256(), 0, 0
+        with os.fdopen(open_run_file(path, os.O_RDONLY), "rb") as f:  # never through a link
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+                rows += block.count(b"\n")
+                size += len(block)
+        out[n] = {"bytes": size, "rows": rows, "sha256": h.hexdigest()}
+    return out
+
+
+def _step_of(folder: Path) -> int | None:
+    """N of a ``step-N`` folder (None for a folder named otherwise)."""
+    name = folder.name
+    return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+
+
+def _read_state_json(ckpt_dir: Path) -> dict[str, Any]:
+    """``trainer_state.json`` parsed and checked for the sections every checkpoint has (a
+    ``step`` that agrees with the folder's name, ``rng``, ``state``)."""
     meta = ckpt_dir / "trainer_state.json"
-    _no_links(ckpt_dir, ("trainer_state.json", "trainer_state.safetensors", "model.safetensors"))
     if not meta.is_file():
         if (ckpt_dir / "trainer_state.pt").exists():
             raise CheckpointError(f"{ckpt_dir}: pickled trainer_state.pt (older pofe) is refused: unpickling can run "
@@ -237,32 +306,234 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
         raise CheckpointError(f"{ckpt_dir}: no trainer_state.json (not a pofe checkpoint)")
     try:
         extra = json.loads(meta.read_text())
-        tensors = load_file(str(ckpt_dir / "trainer_state.safetensors"))
-        sd = load_file(str(ckpt_dir / "model.safetensors")) if model is not None else {}
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{ckpt_dir}: unreadable checkpoint ({e})") from None
+        raise CheckpointError(f"{meta}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              f"the checkpoint is damaged") from None
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{meta}: not a checkpoint's state (a JSON object is expected); the checkpoint is damaged")
+    step = extra.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{meta}: no valid step (found {step!r}); the checkpoint is damaged")
+    named = _step_of(ckpt_dir)
+    if named is not None and step != named:
+        raise CheckpointError(f"{meta}: says step {step} in folder {ckpt_dir.name}; the checkpoint was edited or is "
+                              f"damaged")
+    for section in ("rng", "state"):
+        if section not in extra:
+            raise CheckpointError(f"{meta}: no {section} section (every checkpoint has one); the checkpoint is damaged")
+    if not isinstance(extra["state"], dict):
+        raise CheckpointError(f"{meta}: its state section is not a JSON object; the checkpoint is damaged")
+    return extra
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> dict[str, Any]:
+    """Check a checkpoint before anything of it is used: every file its ``manifest.json`` lists is
+    there with the recorded size and sha256, the manifest's step is the folder's, and
+    ``trainer_state.json`` has its sections. Returns the manifest (``{}`` for a checkpoint of an
+    older pofe, which has none: accepted with a warning, structure checked only).
+
+    Raises:
+        CheckpointError: one line naming the damaged or missing file.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    _no_links(ckpt_dir, (MANIFEST, "trainer_state.json", "trainer_state.safetensors", "model.safetensors"))
+    mpath = ckpt_dir / MANIFEST
+    if not (ckpt_dir / "trainer_state.json").is_file() and (ckpt_dir / "trainer_state.pt").exists():
+        _read_state_json(ckpt_dir)  # the pickled format's own refusal (never unpickled), before any other
+    if not mpath.exists():
+        extra = _read_state_json(ckpt_dir)
+        if extra.get("format") != 2:
+            raise CheckpointError(f"{mpath}: missing (every checkpoint of this pofe is written with one, last); the "
+                                  f"checkpoint is incomplete or damaged")
+        log.warning("%s: no %s (written by an older pofe): its files cannot be checked against recorded hashes; "
+                    "resuming from it as it is", ckpt_dir, MANIFEST)
+        return {}
+    try:
+        manifest = json.loads(mpath.read_text())
+        files, step = manifest["files"], manifest["step"]
+        if not isinstance(files, dict) or not isinstance(step, int) or not isinstance(manifest.get("outputs", {}), dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{mpath}: not a valid checkpoint manifest; the checkpoint is damaged") from None
+    named = _step_of(ckpt_dir)
+    if named is not None and step != named:
+        raise CheckpointError(f"{mpath}: says step {step} in folder {ckpt_dir.name}; the checkpoint was edited or is "
+                              f"damaged")
+    for name in ("trainer_state.json", "trainer_state.safetensors"):
+        if name not in files:
+            raise CheckpointError(f"{mpath}: does not list {name}; the checkpoint is damaged")
+    if (ckpt_dir / "model.safetensors").exists() and "model.safetensors" not in files:
+        raise CheckpointError(f"{mpath}: does not list model.safetensors; the checkpoint is damaged")
+    for name, rec in files.items():
+        path = ckpt_dir / str(name)
+        try:
+            size, digest = int(rec["bytes"]), str(rec["sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{mpath}: bad entry for {name}; the checkpoint is damaged") from None
+        if "/" in str(name) or str(name) in ("", ".", ".."):
+            raise CheckpointError(f"{mpath}: lists {name!r}, not a file of the checkpoint; the checkpoint is damaged")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST}); the checkpoint is damaged")
+        have = path.stat().st_size
+        if have != size:
+            raise CheckpointError(f"{path}: {have} bytes where {MANIFEST} records {size} (changed after it was "
+                                  f"written: cut short, emptied, edited or replaced); the checkpoint is damaged")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{path}: its sha256 differs from {MANIFEST} (bit rot or an edit after it was "
+                                  f"written); the checkpoint is damaged")
+    extra = _read_state_json(ckpt_dir)
+    if extra["step"] != step:
+        raise CheckpointError(f"{ckpt_dir / 'trainer_state.json'}: says step {extra['step']}, {MANIFEST} step {step}; "
+                              f"the checkpoint is damaged")
+    return manifest
+
+
+def resume_point(run_dir: str | Path) -> Path | None:
+    """The checkpoint a resume continues from: the newest ``checkpoints/step-N`` that passes
+    :func:`verify_checkpoint`. A damaged newest one is passed over for the previous intact one
+    (there is one when ``checkpoint.keep_last >= 2``) with one warning line saying so; None when
+    the run has no checkpoint.
+
+    Raises:
+        CheckpointError: every checkpoint is damaged (the line names the newest one's damaged file).
+    """
+    found = [d for _, d in reversed(_step_dirs(run_dir)) if any(d.iterdir())]
+    first: CheckpointError | None = None
+    for d in found:
+        try:
+            verify_checkpoint(d)
+        except CheckpointError as e:
+            first = first or e
+            continue
+        if first is not None:
+            log.warning("%s; resuming from %s instead, the newest intact checkpoint", first, d.name)
+        return d
+    if first is not None:
+        if len(found) == 1:
+            raise first
+        raise CheckpointError(f"{first}; no earlier checkpoint is intact either (start a new run)")
+    return None
+
+
+def check_outputs(run_dir: str | Path, ckpt_dir: str | Path, names: tuple[str, ...]) -> None:
+    """Refuse to resume over an append-only output that was cut short, deleted or rewritten after
+    the checkpoint: a resume continues after the rows the checkpoint counted and would never redo
+    the lost ones. The checkpoint's ``manifest.json`` records bytes, rows and sha256 of each; a
+    checkpoint of an older pofe only the bytes (in its state), checked alone."""
+    from pofe.runs import open_run_file
+
+    run_dir, ckpt_dir = Path(run_dir), Path(ckpt_dir)
+    try:
+        record = json.loads((ckpt_dir / MANIFEST).read_text()).get("outputs") or {}
+    except FileNotFoundError:  # older pofe: the sizes the state kept for the rewind
+        sizes = _read_state_json(ckpt_dir)["state"].get("outputs") or {}
+        record = {n: {"bytes": b} for n, b in sizes.items()}
+    for name in names:
+        rec = record.get(name) or {}
+        want = int(rec.get("bytes") or 0)
+        if want == 0:
+            continue
+        path = run_dir / name
+        rows = f"{rec['rows']} rows, {want} bytes" if "rows" in rec else f"{want} bytes"
+        if not os.path.lexists(path):
+            raise CheckpointError(f"{path}: deleted after checkpoint {ckpt_dir.name}, which counted {rows} in it; a "
+                                  f"resume would never redo them: put the file back or start a new run")
+        with os.fdopen(open_run_file(path, os.O_RDONLY), "rb") as f:  # never through a link
+            have = os.fstat(f.fileno()).st_size
+            head = f.read(want)
+        if have < want:
+            now = f"{head.count(NL)} rows, {have} bytes" if "rows" in rec else f"{have} bytes"
+            raise CheckpointError(f"{path}: {now} where checkpoint {ckpt_dir.name} counted {rows}: cut short after "
+                                  f"it, and a resume would never redo the lost rows: put the whole file back or start "
+                                  f"a new run")
+        if "sha256" in rec and hashlib.sha256(head).hexdigest() != rec["sha256"]:
+            raise CheckpointError(f"{path}: its first {rows} changed after checkpoint {ckpt_dir.name} (sha256 "
+                                  f"differs): put the file back or start a new run")
+
+
+def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=None, restore_rng: bool = True,
+                    verify: bool = True) -> dict[str, Any]:
+    """Restore a checkpoint written by :func:`save_checkpoint`; returns ``{"step", "state"}``.
+
+    Reads only safetensors and JSON. A checkpoint in the old pickled format
+    (``trainer_state.pt``) is refused, never unpickled. ``verify``: check it against its manifest
+    first (:func:`verify_checkpoint`; False when the caller just did). The weights must name exactly
+    the model's trainable parameters (one the checkpoint lacks would keep its initial value, one the
+    model lacks would be dropped), and a section the caller restores (optimizer, scheduler) must be
+    there: a resume with a fresh optimiser is not the run that was checkpointed."""
+    from safetensors.torch import load_file
+
+    ckpt_dir = Path(ckpt_dir)
+    if verify:
+        verify_checkpoint(ckpt_dir)
+    _no_links(ckpt_dir, ("trainer_state.json", "trainer_state.safetensors", "model.safetensors"))
+    extra = _read_state_json(ckpt_dir)
+    meta = ckpt_dir / "trainer_state.json"
+    for section, wanted in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if wanted is not None and section not in extra:
+            raise CheckpointError(f"{meta}: no {section} section (the run restores one: resuming without it would "
+                                  f"not continue the run that was checkpointed); the checkpoint is damaged")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, into in (("trainer_state.safetensors", "tensors"), ("model.safetensors", "sd")):
+        if name == "model.safetensors" and model is None:
+            continue
+        try:
+            loaded = load_file(str(ckpt_dir / name))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError for a torn file
+            raise CheckpointError(f"{ckpt_dir / name}: unreadable ({type(e).__name__}: "
+                                  f"{(str(e).splitlines() or [''])[0]}); the checkpoint is damaged") from None
+        if into == "tensors":
+            tensors = loaded
+        else:
+            sd = loaded
     from pofe.training import zero
 
     engine = model if zero.is_engine(model) else None  # DeepSpeed ZeRO: names are its module's
     if model is not None:
-        missing = set(sd) - set((model.module if engine is not None else model).state_dict())
-        if missing:
-            raise CheckpointError(f"{ckpt_dir}: checkpoint has parameters the model lacks, e.g. {sorted(missing)[:3]}")
+        target = model.module if engine is not None else model
+        have = set(target.state_dict())
+        trained = {n for n, p in target.named_parameters() if p.requires_grad}
+        extra_keys, lacking = sorted(set(sd) - have), sorted(trained - set(sd))
+        if extra_keys:
+            raise CheckpointError(f"{ckpt_dir / 'model.safetensors'}: has {len(extra_keys)} parameters the model lacks, "
+                                  f"e.g. {extra_keys[:3]} (a checkpoint of another model)")
+        if lacking:
+            raise CheckpointError(f"{ckpt_dir / 'model.safetensors'}: lacks {len(lacking)} of the model's trained "
+                                  f"parameters, e.g. {lacking[:3]} (they would keep their initial values)")
+        for k, v in sd.items():
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise CheckpointError(f"{ckpt_dir / 'model.safetensors'}: parameter {k} holds NaN or inf; the "
+                                      f"checkpoint is damaged")
     from pofe.training.sharding import is_sharded, load_full_state
 
+    def joined(section: str):
+        try:
+            return _join(extra[section], tensors)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CheckpointError(f"{meta}: its {section} section does not match trainer_state.safetensors "
+                                  f"({type(e).__name__}: {e}); the checkpoint is damaged") from None
+
     sharded = engine is not None or is_sharded(model)  # whole tensors from the one format, each process keeping its shard
-    if engine is not None:
-        zero.load_full_state(engine, sd, optimizer, _join(extra["optimizer"], tensors) if "optimizer" in extra else None)
-    elif sharded:
-        load_full_state(model, sd, optimizer, _join(extra["optimizer"], tensors) if "optimizer" in extra else None)
-    elif model is not None:
-        model.load_state_dict(sd, strict=False)
-    if optimizer is not None and "optimizer" in extra and not sharded:
-        optimizer.load_state_dict(_join(extra["optimizer"], tensors))
-    if scheduler is not None and "scheduler" in extra:
-        scheduler.load_state_dict(_join(extra["scheduler"], tensors))
-    if restore_rng:
-        set_rng_state(_join(extra["rng"], tensors))
+    opt_state = joined("optimizer") if optimizer is not None else None
+    try:
+        if engine is not None:
+            zero.load_full_state(engine, sd, optimizer, opt_state)
+        elif sharded:
+            load_full_state(model, sd, optimizer, opt_state)
+        elif model is not None:
+            model.load_state_dict(sd, strict=False)  # strict in both directions above; frozen weights are not saved
+        if optimizer is not None and not sharded:
+            optimizer.load_state_dict(opt_state)
+        if scheduler is not None:
+            scheduler.load_state_dict(joined("scheduler"))
+        rng = joined("rng") if restore_rng else None
+        if rng is not None:
+            set_rng_state(rng)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{ckpt_dir}: does not fit this run's model or optimiser ({type(e).__name__}: "
+                              f"{(str(e).splitlines() or [''])[0]})") from None
     return {"step": extra["step"], "state": extra.get("state", {})}
 
 

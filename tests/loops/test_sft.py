@@ -196,10 +196,15 @@ def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     shutil.rmtree(run_dir / "final")
     (run_dir / "summary.json").unlink()
     shutil.rmtree(run_dir / "checkpoints")  # step 2's is planted below
-    from pofe.training import save_checkpoint
+    from pofe.config import load_config
+    from pofe.loops.sft import SFTConfig
+    from pofe.training import make_optimizer, make_scheduler, save_checkpoint
 
     model, _ = __import__("pofe.models", fromlist=["load_model"]).load_model(str(tiny_model_dir))
-    save_checkpoint(run_dir / "checkpoints" / "step-2", model=model, step=2)
+    optim = load_config(SFTConfig, run_dir / "config.yaml").optim
+    opt = make_optimizer(model, optim)  # a resume restores the optimiser too: a checkpoint without it is refused
+    save_checkpoint(run_dir / "checkpoints" / "step-2", model=model, optimizer=opt,
+                    scheduler=make_scheduler(opt, optim, 3), step=2)
     r = CliRunner().invoke(app, ["sft", "--resume", str(run_dir), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
