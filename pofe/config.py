@@ -218,6 +218,20 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 Probability = Annotated[float, Field(ge=0, le=1)]
 """A probability in [0, 1]."""
 
+# Upper bounds on sizes, refused when parsed: ``train.batch_size=2^63`` walked 2^63 batch positions
+# (a hang with growing memory) and ``sampling.max_new_tokens=10^12`` generated past the model's
+# context until killed. No step holds a million rows, and no model reads a million-token answer
+# (pofe.generation also checks max_new_tokens against the loaded model's own context).
+MAX_BATCH_SIZE = 1_000_000
+MAX_NEW_TOKENS = 1_000_000
+MAX_SEED = 2**63 - 1
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+"""Rows, prompts or sequences per batch: 1 to 1,000,000."""
+NewTokens = Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)]
+"""Tokens to generate: 1 to 1,000,000 (and at most the model's context, checked when it loads)."""
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+"""A seed: 0 to 2^63 - 1 (torch, numpy and Python all take it; ``seed=2^64`` was an internal error)."""
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():

@@ -58,6 +58,10 @@ from pofe.errors import PofeError
 log = logging.getLogger(__name__)
 
 
+MAX_NAME_BYTES = 200
+"""Longest ``run.name`` in UTF-8 bytes (a file name is at most 255 bytes on common file systems)."""
+
+
 class RunConfig(PofeConfig):
     """Where a command writes its outputs."""
 
@@ -87,6 +91,13 @@ class RunConfig(PofeConfig):
         if bad is not None:
             # a newline or escape in a folder name breaks every listing, log line and script that reads it
             raise ValueError(f"must not contain control characters (found {bad!r})")
+        try:
+            size = len(v.encode("utf-8"))
+        except UnicodeEncodeError as e:  # a lone surrogate (undecodable bytes in argv): no file name holds it
+            raise ValueError(f"must be Unicode text (found the lone surrogate {v[e.start]!r})") from None
+        if size > MAX_NAME_BYTES:
+            # file systems take 255 bytes per name ("File name too long"); the rest leaves room for "-9999"
+            raise ValueError(f"is {size} bytes long in UTF-8; a run folder name is at most {MAX_NAME_BYTES}")
         return v
 
 

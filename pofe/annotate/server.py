@@ -41,7 +41,7 @@ from pydantic import field_validator, model_validator
 from pofe.annotate.log import FULL_DISK, AnnotatorLock, EventLog, LogWriteError, json_text
 from pofe.annotate.pairs import AnnotationPair, load_pairs, shown_swapped, subset
 from pofe.runs import file_sha256
-from pofe.config import PofeConfig
+from pofe.config import PofeConfig, Seed
 from pofe.errors import PofeError
 from pofe.data.prompts import DataError
 
@@ -95,7 +95,7 @@ class AnnotateConfig(PofeConfig):
     """Loopback address to serve on (127.0.0.1, ::1 or localhost): the page writes files."""
     port: int = 0
     """0 = any free port (the URL is printed)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds the per-pair, per-annotator left/right order and the ``data.limit`` subset."""
 
     @model_validator(mode="before")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -55,8 +56,21 @@ def _keep_typed_name(sets: list[str]) -> list[str]:
         v = raw.strip()
         as_yaml = v in ("null", "Null", "NULL", "~") or (len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"")
         # null (the default name) and an explicitly quoted YAML string keep their YAML meaning
-        out.append(f"run.name={json.dumps(raw)}" if eq and key.strip() == "run.name" and not as_yaml else text)
+        out.append(f"run.name={_yaml_quoted(raw)}" if eq and key.strip() == "run.name" and not as_yaml else text)
     return out
+
+
+# What YAML takes raw inside a double-quoted scalar: printable, and not a line break (NEL, LS, PS fold).
+_YAML_RAW = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _yaml_quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar that loads back to exactly ``text``: Unicode raw,
+    escapes only for what YAML does not take raw. (``json.dumps``'s ASCII escapes wrote an emoji
+    as a UTF-16 surrogate pair, which YAML decodes as two lone surrogates: ``run.name=naïve-💥``
+    was an internal error.)"""
+    body = json.dumps(text, ensure_ascii=False)[1:-1]  # quotes, backslashes and controls escaped
+    return '"' + _YAML_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", body) + '"'
 
 
 def _confirmations(resume: Path, sets: list[str]) -> dict[str, Any]:

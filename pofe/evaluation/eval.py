@@ -35,7 +35,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 from pydantic import Field
 
-from pofe.config import ConfigError, PofeConfig
+from pofe.config import ConfigError, PofeConfig, Seed
 from pofe.evaluation.winrate import (
     compare_policies, count_outcomes, length_controlled_win_rate, length_controlled_win_rate_simple, outcome_value,
 )
@@ -135,7 +135,7 @@ class EvalConfig(PofeConfig):
     n_buckets: int = Field(4, ge=1)
     n_boot: int = Field(200, ge=1)
     """Bootstrap resamples of the Bradley-Terry intervals (3+ policies)."""
-    seed: int = 0
+    seed: Seed = 0
     refusal: bool = True
     """Report each policy's refusal rate on these prompts (phrase-pattern detector of
     pofe.evaluation.refusal): on benign prompts (e.g. XSTest safe) it measures over-refusal."""

@@ -33,30 +33,53 @@ from typing import Any
 
 import numpy as np
 
-from pofe.config import PofeConfig
+from pydantic import Field
+
+from pofe.config import PofeConfig, Seed
+from pofe.errors import PofeError
 from pofe.evaluation.stats import fit_logistic, sigmoid
 
 
 class SimConfig(PofeConfig):
     """The toy run's knobs (defaults = rlaif-constitutional-ai "A toy run")."""
 
-    seed: int = 0
-    dim: int = 12
+    # Bounds refused when parsed (``--dim 0`` / ``-3``, ``--n-train 0`` and ``--position-bias 1e308``
+    # were internal errors, ``n_test=0`` a NaN with exit 0): past |position_bias| = 20 the judge
+    # says "first" for every pair (P = 1 - 2e-9) and no reward model can be fitted to its labels.
+    seed: Seed = 0
+    dim: int = Field(12, ge=1, le=1000)
     """Quality features per response."""
-    w_norm: float = 1.5
+    w_norm: float = Field(1.5, gt=0, le=100)
     """||w||, the scale of the true utility."""
-    position_bias: float = 0.6
+    position_bias: float = Field(0.6, ge=-20, le=20)
     """Judge logit bonus for the first-shown response."""
-    length_weight: float = 0.8
+    length_weight: float = Field(0.8, ge=-100, le=100)
     """Judge logit weight on the length difference (the true utility gives length zero weight)."""
-    noise: float = 0.6
+    noise: float = Field(0.6, ge=0, le=100)
     """Standard deviation of the judge's per-query logit noise."""
-    n_agreement: int = 20_000
+    n_agreement: int = Field(20_000, ge=1, le=1_000_000)
     """Pairs for the agreement statistics."""
-    n_train: int = 5_000
+    n_train: int = Field(5_000, ge=1, le=1_000_000)
     """Pairs each reward model is trained on."""
-    n_test: int = 20_000
+    n_test: int = Field(20_000, ge=1, le=1_000_000)
     """Fresh pairs each reward model is tested on."""
+
+
+SIM_MAX_CELLS = 20_000_000
+
+
+class SimError(PofeError):
+    """A simulation too large for memory, or whose labels leave a reward model nothing to fit
+    (every label one way)."""
+
+    exit_code = 2
+
+
+def _ratio(num: float, norm: float, what: str) -> float:
+    if not norm > 0:
+        raise SimError(f"sim: the {what} has no quality weight to compare with (its labels are all one way: raise "
+                       f"n_train or lower |position_bias|)")
+    return num / norm
 
 
 RM_SOURCES = ("human_hard", "judge_hard", "judge_debiased_hard", "judge_debiased_soft")
@@ -106,17 +129,21 @@ def _rm_summary(fit, w_true, dx_test, dl_test, du_test) -> dict[str, float]:
     score = dx_test @ q + w_len * dl_test  # reward difference, intercept (position) dropped
     return {
         "agreement_with_truth": float(np.mean(np.sign(score) == np.sign(du_test))),
-        "length_to_quality_ratio": w_len / qnorm,
+        "length_to_quality_ratio": _ratio(w_len, qnorm, "fitted reward model"),
         "quality_weight_norm": qnorm,
         "length_weight": w_len,
         "intercept": float(fit.intercept),
-        "cosine_with_true_w": float(q @ w_true / (qnorm * np.linalg.norm(w_true))),
+        "cosine_with_true_w": float(q @ w_true / (qnorm * np.linalg.norm(w_true))),  # qnorm > 0: _ratio checked
     }
 
 
 def run_sim(cfg: SimConfig | None = None) -> dict[str, Any]:
     """Run the toy labelling chain; returns the JSON-ready result (see ``pofe sim --json``)."""
     cfg = cfg or SimConfig()
+    n = max(cfg.n_agreement, cfg.n_train, cfg.n_test)
+    if n * cfg.dim > SIM_MAX_CELLS:  # each of the few (n, dim) arrays is n x dim doubles: 20M of them is 160 MB
+        raise SimError(f"sim: {n} pairs x dim {cfg.dim} = {n * cfg.dim} features per array, over the {SIM_MAX_CELLS} "
+                       f"limit; lower n_agreement / n_train / n_test or dim")
     rng = np.random.default_rng(cfg.seed)
     world = _Chain(cfg, rng)
 
@@ -149,7 +176,8 @@ def run_sim(cfg: SimConfig | None = None) -> dict[str, Any]:
     # The same ratio as a logistic fit of the judge's single-order hard labels sees it
     # (noise shrinks all weights alike, so the ratio survives the fit).
     fit_j = fit_logistic(np.column_stack([dx, dl]), judge_hard)
-    agree["judge_length_to_quality_ratio_fitted"] = float(fit_j.coef[-1] / np.linalg.norm(fit_j.coef[:-1]))
+    agree["judge_length_to_quality_ratio_fitted"] = float(_ratio(fit_j.coef[-1], np.linalg.norm(fit_j.coef[:-1]),
+                                                                 "logistic fit of the judge's labels"))
 
     # --- reward models on n_train pairs, one labelling per source ---------------------
     dx_tr, dl_tr, du_tr = world.pairs(cfg.n_train)

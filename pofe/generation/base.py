@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, MAX_NEW_TOKENS, PofeConfig, Seed
 from pofe.records import Completion
 
 
@@ -82,7 +82,7 @@ class VLLMSettings(PofeConfig):
     online bar: judge phase 1.21 -> 0.95 s, +0.03-0.11 GB peak RSS (one more copy of the packed weights
     while the policy samples). false: reload them each time. Read from the frozen generator's settings
     (``judge.vllm`` for the annotator)."""
-    seed: int = 0
+    seed: Seed = 0
     """Engine seed (per-request seeds come from ``generate(seed=)``)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """Devices one engine's weights are split over (vLLM's ``tensor_parallel_size``, Megatron-style
@@ -191,13 +191,13 @@ class SamplingConfig(PofeConfig):
     """hf = transformers ``generate`` in this process; vllm = an in-process vLLM engine (``pip install
     'pofe[vllm]'``), kept in step with the trained weights; vllm-server = separate ``vllm serve``
     processes (``server:``), sent the trained weights after every optimiser step."""
-    max_new_tokens: int = Field(48, ge=1)
+    max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
     """Maximum tokens per response."""
     temperature: float = Field(0.9, ge=0)
     """Sampling temperature (OAIF Sec. 4.1 uses 0.9 during training); 0 = greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling threshold."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH_SIZE)
     """Prompts per generate() call (hf; vLLM schedules its own batches)."""
     logprobs: bool = False
     """Also return each generated token's log-prob under the model (temperature 1, before top-p: vLLM's raw_logprobs)."""

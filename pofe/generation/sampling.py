@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from pofe.config import ConfigError
+from pofe.data.io import DataError
 from pofe.generation.base import Generator, SamplingConfig, VLLMSettings
 from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion
@@ -47,6 +49,8 @@ class HFGenerator:
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
+        if sampling is not None:
+            check_max_new_tokens(model, sampling)  # when the engine is bound: before any step samples
 
     @classmethod
     def bind(cls, model, tokenizer, sampling: SamplingConfig | None = None) -> HFGenerator:
@@ -83,6 +87,7 @@ class HFGenerator:
                 chunk = prompts[start : start + sampling.batch_size]
                 texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
                 enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
+                check_prompt_lengths(model, enc["attention_mask"], chunk, start, sampling)
                 do_sample = sampling.temperature > 0
                 # Greedy decoding gives n identical samples: decode once and repeat (transformers
                 # refuses num_return_sequences > 1 without sampling).
@@ -124,6 +129,41 @@ class HFGenerator:
             if was_training:
                 model.train()
         return out
+
+
+def context_length(model) -> int | None:
+    """The longest sequence ``model`` reads (its config's position limit), or None when its config
+    does not say."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def check_max_new_tokens(model, sampling: SamplingConfig) -> None:
+    """``sampling.max_new_tokens`` must leave room in the model's context: 10^12 generated past it
+    until the process was killed."""
+    ctx = context_length(model)
+    if ctx is not None and sampling.max_new_tokens >= ctx:
+        raise ConfigError(f"sampling.max_new_tokens={sampling.max_new_tokens} does not fit the model's context of {ctx} "
+                          f"tokens (max_position_embeddings in its config.json); lower it below {ctx}")
+
+
+def check_prompt_lengths(model, attention_mask: torch.Tensor, chunk, start: int, sampling: SamplingConfig) -> None:
+    """A prompt whose tokens and ``sampling.max_new_tokens`` are over the model's context is one
+    line naming it, before ``generate`` sizes its buffers from it (a 10 MB prompt asked for 4 TB)."""
+    ctx = context_length(model)
+    if ctx is None:
+        return
+    lengths = attention_mask.sum(dim=1).tolist()
+    i = max(range(len(lengths)), key=lambda k: lengths[k])
+    if lengths[i] + sampling.max_new_tokens > ctx:
+        p = chunk[i] if isinstance(chunk[i], str) else str(chunk[i][-1].get("content", ""))
+        raise DataError(f"prompt {start + i + 1} ({' '.join(p[:40].split())!r}...) is {lengths[i]} tokens: with "
+                        f"sampling.max_new_tokens={sampling.max_new_tokens} that is over the model's context of {ctx} "
+                        f"tokens; shorten it or leave it out of the prompts")
 
 
 def half_precision_copy(model, dtype: torch.dtype):

@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BaseModel, Discriminator, Field, Tag, Type
                       ValidationError, WrapValidator, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from pofe.config import ConfigError, PofeConfig
+from pofe.config import MAX_BATCH_SIZE, MAX_NEW_TOKENS, ConfigError, PofeConfig, Seed
 from pofe.generation.base import VLLMSettings
 from pofe.judges.base import Capability
 from pofe.judges.usage import BudgetConfig, PriceConfig
@@ -134,7 +134,7 @@ class CotConfig(PofeConfig):
     """Chain-of-thought labels (Bai et al. 2022): reason first, then read the choice token."""
 
     enabled: bool = False
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(0.0, ge=0)
     clamp: list[float] | None = None
     """Clamp p to [lo, hi]. Default (None) with CoT on: [0.4, 0.6], as CAI does whenever CoT is
@@ -160,7 +160,7 @@ class RubricConfig(PofeConfig):
     samples: int = Field(3, ge=1)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.9, gt=0, le=1)
-    max_new_tokens: int = Field(256, ge=1)
+    max_new_tokens: int = Field(256, ge=1, le=MAX_NEW_TOKENS)
     score_range: list[float] = [0, 5]
     """[lo, hi]: a parsed "Score: N" outside it is not a reading."""
 
@@ -300,7 +300,7 @@ class _InProcessSettings(_MeteredKind):
     trust_remote_code: bool = False
     dtype: Dtype = "float32"
     device: str | None = None
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
     """Sequences per forward pass."""
     max_length: int | None = Field(4096, ge=1)
     """Maximum judge prompt tokens (longer prompts keep their end)."""
@@ -314,7 +314,7 @@ class _LLMSettings(_MeteredKind):
     rubric, expected-score) or a path to a template file."""
     max_response_chars: int | None = Field(6000, ge=1)
     """Cut each response to this many characters before rendering (marked with ' [...]')."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds principle sampling and sampled decoding."""
     cache: CacheConfig = CacheConfig()
 
@@ -531,7 +531,7 @@ class RewardModelJudgeConfig(_MeteredKind):
     dtype: Dtype = "float32"
     device: str | None = None
     """auto|cpu|cuda|mps; None = auto (CUDA when present, then MPS, else CPU)."""
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
     max_length: int | None = Field(4096, ge=1)
     # Not shares-weights: it takes a loaded *classifier*, never the policy's causal LM.
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, P})

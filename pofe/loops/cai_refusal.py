@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import PofeConfig, Seed
 from pofe.generation import SamplingConfig
 from pofe.training import ModelConfig
 
@@ -38,7 +38,7 @@ class RefusalEvalConfig(PofeConfig):
     """The prompt sets (``data.benign``, ``data.harmful``, ``data.max_prompts``)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.0)
     """Greedy by default, so the rates do not depend on sampling luck."""
-    seed: int = 0
+    seed: Seed = 0
     """Sampling seed (when temperature > 0)."""
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.cai_sets import load_limited, mix_sft, preference_pairs, sft_set
 from pofe.data.io import DataError
 from pofe.evaluation.cai_stats import chunk_metrics, refusal_summary, revision_stats
@@ -81,7 +81,7 @@ class CaiDataConfig(PofeConfig):
 class CaiTrainConfig(PofeConfig):
     """Chunk shape."""
 
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH_SIZE)
     """Prompts per chunk (one step: revised, written, logged and checkpointed before the next)."""
 
 
@@ -112,7 +112,7 @@ class CaiReviseConfig(PofeConfig):
     """Checkpoints for ``--resume`` (every chunk: a crash costs at most one chunk)."""
     log: LogConfig = LogConfig()
     """metrics.jsonl per chunk, optional TensorBoard / W&B / MLflow, progress bar."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds sampling and principle draws."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pofe.config import PofeConfig
+from pofe.config import PofeConfig, Seed
 from pofe.generation import SamplingConfig
 from pofe.training import LoadConfig
 
@@ -14,7 +14,7 @@ class ChatConfig(PofeConfig):
     model: LoadConfig = LoadConfig()
     """The model (``model.name``: embedded name, Hugging Face id or local directory; ``model.device``)."""
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.0)
-    seed: int = 0
+    seed: Seed = 0
 
 
 def run(cfg: ChatConfig, prompts: list[str]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.io import DataError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
@@ -56,13 +56,13 @@ class JudgeCommandConfig(PofeConfig):
     """The rows to label and their columns (``data.input``, ``data.prompt_field``, ...)."""
     output: str | None = None
     """Verdicts file; default ``<run folder>/verdicts.jsonl``. Never the input file."""
-    batch_size: Annotated[int, Field(ge=1)] = 64
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] = 64
     """Rows per judge call (verdicts are written after each batch)."""
     judge: JudgeConfig = LLMJudgeConfig()
     """The judge (any kind; pointwise kinds score ``response_a``)."""
     log: LogConfig = LogConfig(tensorboard=False)
     """metrics.jsonl (one row per batch), progress bar; trackers off unless asked (a labelling job has no curves)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds a judge that samples (CoT at temperature > 0)."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""

@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.labelled_pairs import (DEFAULT_SAMPLED_PROMPTS, input_info, label_row, labelled_row, preferences_text,
                                       read_pairs, save_pairs, saved_pairs, to_preference)
 from pofe.evaluation.label_stats import batch_metrics, cache_counts, drop_counts, label_stats
@@ -85,7 +85,7 @@ class LabelDataConfig(PofeConfig):
 class LabelTrainConfig(PofeConfig):
     """Batch shape."""
 
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH_SIZE)
     """Pairs per judge call (one step: labelled, logged and checkpointed before the next)."""
 
 
@@ -113,7 +113,7 @@ class LabelConfig(PofeConfig):
     """Checkpoints for ``--resume`` (every batch: a crash costs at most one batch, redone from the cache)."""
     log: LogConfig = LogConfig()
     """metrics.jsonl per judged batch, optional TensorBoard / W&B / MLflow, progress bar."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds the sampling of the pairs."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""

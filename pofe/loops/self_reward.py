@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.eft import EFTConfig
 from pofe.data.self_reward_inputs import SelfRewardDataConfig, load_inputs
 from pofe.evaluation.self_reward import SelectionSettings
@@ -104,9 +104,9 @@ class DPOSettings(PofeConfig):
     """DPO beta (paper: 0.1)."""
     optim: OptimConfig = OptimConfig(lr=1e-6, warmup_steps=0, schedule="cosine", min_lr_ratio=0.1)
     """Paper: 1e-6 cosine-decayed to 1e-7."""
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Pairs per micro-batch."""
-    grad_accum: int = Field(4, ge=1)
+    grad_accum: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Pairs per optimiser step = batch_size x grad_accum (paper: 16)."""
     epochs: float = Field(1.0, gt=0)
     """Passes over the AIFT pairs when ``steps`` is None."""
@@ -132,7 +132,7 @@ class SelfRewardEvalConfig(PofeConfig):
 class SelfRewardConfig(PofeConfig):
     """``pofe self-reward``."""
 
-    seed: int = 0
+    seed: Seed = 0
     """Seeds every stage (each stage derives its own seed from it)."""
     model: ModelConfig = ModelConfig()
     """The base model (M0 with seed SFT, else M1). LoRA settings apply to every training stage."""

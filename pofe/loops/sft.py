@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.io import DataError
 from pofe.data.sft import SFTExample, load_sft_data, source_counts
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
@@ -64,9 +64,9 @@ class SFTTrainSettings(PofeConfig):
     """Optimiser steps; None = ``epochs`` passes over the data."""
     epochs: float = Field(1.0, gt=0)
     """Passes over the data when ``steps`` is None."""
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Examples per forward pass (per process)."""
-    grad_accum: int = Field(4, ge=1)
+    grad_accum: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Forward passes per optimiser step."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
@@ -76,7 +76,7 @@ class SFTTrainSettings(PofeConfig):
 class SFTConfig(PofeConfig):
     """``pofe sft``."""
 
-    seed: int = 0
+    seed: Seed = 0
     """Seeds the model init (LoRA) and the per-epoch data order."""
     model: ModelConfig = ModelConfig()
     """The model fine-tuned."""

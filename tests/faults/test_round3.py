@@ -272,3 +272,112 @@ def test_a_plugin_loss_that_raises_is_named(tmp_path, installed):
         get_loss("r3-boom")(x, x, x, x, beta=0.3)
     assert str(e.value) == "loss plugin 'r3-boom' (package pofe-r3-loss 0.1) failed when called: ZeroDivisionError: oops"
     assert e.value.exit_code == 1
+
+
+# ----------------------------------------------------------------------------- point 5: extremes, at parse time
+
+@pytest.mark.parametrize("command, kv, key, bound", [
+    ("sft", f"train.batch_size={2**63}", "train.batch_size", "less than or equal to 1000000"),  # hung in batch_indices
+    ("sft", f"train.grad_accum={2**63}", "train.grad_accum", "less than or equal to 1000000"),
+    ("label", f"train.batch_size={10**7}", "train.batch_size", "less than or equal to 1000000"),
+    ("online", f"sampling.max_new_tokens={10**12}", "sampling.max_new_tokens", "less than or equal to 1000000"),
+    ("online", f"eval.sampling.batch_size={2**63}", "eval.sampling.batch_size", "less than or equal to 1000000"),
+    ("sft", f"seed={2**64}", "seed", "less than or equal to 9223372036854775807"),  # was an internal error
+    ("judge", "seed=-1", "seed", "greater than or equal to 0"),
+    ("sim", "n_test=0", "n_test", "greater than or equal to 1"),  # was NaN with exit 0
+])
+def test_sizes_and_seeds_out_of_range_are_refused_when_parsed(command, kv, key, bound):
+    res = invoke(command, "--set", kv, "--print-config")
+    value = kv.split("=", 1)[1]
+    assert error_lines(res) == [f"error: --set {kv}: bad value for '{key}': Input should be {bound} (got {value})"], \
+        res.stderr
+    assert res.returncode == 2
+
+
+@pytest.mark.parametrize("args, key, why", [
+    (["--dim", "0"], "dim", "Input should be greater than or equal to 1 (got 0)"),
+    (["--dim", "-3"], "dim", "Input should be greater than or equal to 1 (got -3)"),
+    (["--n-train", "0"], "n_train", "Input should be greater than or equal to 1 (got 0)"),
+    (["--position-bias", "1e308"], "position_bias", "Input should be less than or equal to 20 (got 1e+308)"),
+    (["--seed", str(2**64)], "seed", f"Input should be less than or equal to {2**63 - 1} (got {2**64})"),
+])
+def test_sim_arguments_are_validated(args, key, why):
+    """``--dim 0`` / ``-3``, ``--n-train 0``, ``--position-bias 1e308`` were internal errors."""
+    res = invoke("sim", *args)
+    assert error_lines(res) == [f"error: option {key}: bad value for '{key}': {why}"], res.stderr
+    assert res.returncode == 2
+
+
+def test_sim_refuses_arrays_beyond_its_memory_bound():
+    res = invoke("sim", "--dim", "1000", "--set", "n_agreement=1000000")
+    assert error_lines(res) == [
+        "error: sim: 1000000 pairs x dim 1000 = 1000000000 features per array, over the 20000000 limit; lower "
+        "n_agreement / n_train / n_test or dim"], res.stderr
+    assert res.returncode == 2
+
+
+def test_sim_at_its_bounds_still_runs():
+    from pofe.evaluation.sim import SimConfig, run_sim
+
+    out = run_sim(SimConfig(dim=1, n_agreement=50, n_train=50, n_test=1, position_bias=20.0))
+    assert out["config"]["position_bias"] == 20.0 and out["rm"]["human_hard"]["agreement_with_truth"] in (0.0, 1.0)
+
+
+def _judge_run(tmp_path: Path, name: str):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "Q?", "response_a": "a", "response_b": "bb"}) + "\n")
+    return invoke("judge", str(pairs), "--set", "judge.kind=length", "--set", f"run.output_dir={tmp_path / 'runs'}",
+                  "--set", f"run.name={name}")
+
+
+def test_a_unicode_run_name_is_the_folder_name(tmp_path):
+    """``run.name=naïve-日本-💥`` was an internal error ("surrogates not allowed"): the name was
+    re-quoted with ASCII escapes and YAML read the emoji's UTF-16 pair as two lone surrogates."""
+    name = "naïve-日本-💥"
+    res = _judge_run(tmp_path, name)
+    assert res.returncode == 0, res.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [name]
+    rows = [json.loads(x) for x in (tmp_path / "runs" / name / "verdicts.jsonl").read_text().splitlines()]
+    assert [r["p"] for r in rows] == [1.0]  # the length judge prefers the shorter: A
+
+
+@pytest.mark.parametrize("name, why", [
+    ("a" * 300, "is 300 bytes long in UTF-8; a run folder name is at most 200"),  # was "File name too long", exit 1
+    ("日" * 67, "is 201 bytes long in UTF-8; a run folder name is at most 200"),  # 3 bytes each
+])
+def test_a_run_name_too_long_for_a_file_system_is_one_line(tmp_path, name, why):
+    res = _judge_run(tmp_path, name)
+    # the --set is shown as the CLI passed it on: quoted, so that YAML keeps the typed text
+    assert error_lines(res) == [f"error: --set run.name=\"{name}\": bad value for 'run.name': {why} (got {name!r})"], \
+        res.stderr
+    assert res.returncode == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_max_new_tokens_is_checked_against_the_models_context(tiny_model, tokenizer):
+    from pofe.config import ConfigError
+    from pofe.generation import SamplingConfig, make_generator
+
+    assert tiny_model.config.max_position_embeddings == 1024
+    with pytest.raises(ConfigError) as e:
+        make_generator(tiny_model, tokenizer, SamplingConfig(max_new_tokens=5000))
+    assert str(e.value) == ("sampling.max_new_tokens=5000 does not fit the model's context of 1024 tokens "
+                            "(max_position_embeddings in its config.json); lower it below 1024")
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_naming_it(tiny_model, tokenizer):
+    """A 10 MB prompt in ``pofe online`` tried to allocate 4 TB (no bound on prompt length)."""
+    from pofe.data.io import DataError
+    from pofe.generation import SamplingConfig, generate
+
+    long = "word " * 3000
+    with pytest.raises(DataError) as e:
+        generate(tiny_model, tokenizer, ["short one", long], sampling=SamplingConfig(max_new_tokens=4))
+    msg = str(e.value)
+    assert msg.startswith("prompt 2 ('word word word word word word word word'...) is ")
+    n = int(msg.split(" is ")[1].split(" tokens")[0])
+    assert n > 3000  # 3000 words, plus the chat template's tokens
+    assert msg.endswith(f"is {n} tokens: with sampling.max_new_tokens=4 that is over the model's context of 1024 "
+                        f"tokens; shorten it or leave it out of the prompts")
+    out = generate(tiny_model, tokenizer, ["short one"], sampling=SamplingConfig(max_new_tokens=4))
+    assert len(out) == 1 and len(out[0][0].token_ids) <= 4  # a prompt that fits still samples
