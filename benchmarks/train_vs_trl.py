@@ -79,13 +79,15 @@ def dump_rows(command: str, n: int, max_length: int, steps: int, batch: int, out
     return len(rows)
 
 
-def pofe_side(command: str, rows: Path, steps: int, batch: int, max_length: int, bf16: bool, work: Path) -> dict:
+def pofe_side(command: str, rows: Path, steps: int, batch: int, max_length: int, bf16: bool, work: Path, *,
+              model: str = "smollm2-135m-instruct", device: str = "auto") -> dict:
     """One pofe run in this process: the command's recipe on the driver, its ``step`` timed,
-    the tokens of each step counted outside the timing."""
+    the tokens of each step counted outside the timing. ``model``/``device``: another model
+    folder on another device (benchmarks/device_check.py's random-weight Qwen2 shapes on CUDA)."""
     from pofe.recipe import drive
 
     precision = "bf16" if bf16 else "fp32"
-    common = {"model": {"name": "smollm2-135m-instruct"}, "optim": {"lr": 1e-5, "warmup_steps": 0, "schedule": "constant"},
+    common = {"model": {"name": model, "device": device}, "optim": {"lr": 1e-5, "warmup_steps": 0, "schedule": "constant"},
               "log": {"progress": False}, "run": {"output_dir": str(work), "name": f"{command}-pofe"}, "seed": SEED}
     n_rows = sum(1 for _ in rows.open())
     if command == "sft":

@@ -39,13 +39,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--model", default=str(ANCHOR / "smol135"), help="model folder (default: the anchor's SmolLM2 copy)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
 
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
     rows = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
-    model_dir = str(ANCHOR / "smol135")
+    model_dir = args.model
     tok = AutoTokenizer.from_pretrained(model_dir)
     times, t0, tokens = [], [0.0], []
 
@@ -66,7 +69,7 @@ def main() -> None:
 
     common = dict(output_dir=str(Path(args.work) / f"trl-{args.command}"), per_device_train_batch_size=args.batch,
                   gradient_accumulation_steps=1, max_steps=args.steps, learning_rate=1e-5, lr_scheduler_type="constant",
-                  warmup_steps=0, use_cpu=True, bf16=args.bf16, logging_steps=1, save_strategy="no", report_to=[],
+                  warmup_steps=0, use_cpu=args.device == "cpu", bf16=args.bf16, logging_steps=1, save_strategy="no", report_to=[],
                   max_length=args.max_length, gradient_checkpointing=False, dataloader_num_workers=0, seed=0,
                   train_sampling_strategy="sequential")
     if args.command == "sft":
@@ -91,7 +94,8 @@ def main() -> None:
     print(json.dumps({"seconds_per_step": statistics.median(times[1:]), "steps": len(times),
                       "tokens_per_step": round(statistics.mean(t[0] for t in tokens[1:])),
                       "padded_tokens_per_step": round(statistics.mean(t[1] for t in tokens[1:])),
-                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}))
+                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                      **({"peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)} if args.device == "cuda" else {})}))
 
 
 if __name__ == "__main__":

@@ -294,10 +294,43 @@ def engine_block_size(settings: VLLMSettings, *, cuda: bool) -> int | None:
     return None if cuda else 32
 
 
-def engine_kwargs(path: str, settings: VLLMSettings, *, lora_rank: int | None, cuda: bool) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for ``settings`` (no vLLM import: testable anywhere)."""
+class EnginePlacementError(PofeError, ValueError):
+    """An engine layout that several processes on CUDA cannot take (exit 2)."""
+
+    exit_code = 2
+
+
+def launch_placement(environ=None) -> tuple[int, int]:
+    """(processes, this process's rank) as torchrun / accelerate launch set them; (1, 0) alone."""
+    env = os.environ if environ is None else environ
+    try:
+        return max(int(env.get("WORLD_SIZE", "1") or 1), 1), int(env.get("RANK", "0") or 0)
+    except ValueError:
+        return 1, 0
+
+
+def engine_kwargs(path: str, settings: VLLMSettings, *, lora_rank: int | None, cuda: bool,
+                  processes: int = 1, rank: int = 0) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``settings`` (no vLLM import: testable anywhere).
+
+    Several processes on CUDA (torchrun / accelerate launch, one GPU each): vLLM's documented
+    colocated pattern, the one TRL's ``vllm_mode="colocate"`` uses: ``distributed_executor_backend=
+    "external_launcher"``, so each process's engine joins the launcher's process (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``) and lands on that process's own GPU (``LOCAL_RANK``) instead
+    of every engine starting a one-process world on GPU 0; and a seed per process (TRL: ``rank //
+    tensor_parallel_size``), so the processes' engines do not sample alike. Tensor parallelism
+    across the launcher's processes needs sub-groups pofe does not build: refused there. On CPU
+    each process keeps its own one-process engine (the gloo tests run that way)."""
+    seed = settings.seed
+    colocated = cuda and processes > 1
+    if colocated:
+        if settings.tensor_parallel_size != 1:
+            raise EnginePlacementError(
+                f"sampling.vllm.tensor_parallel_size={settings.tensor_parallel_size} with {processes} processes: each "
+                "process runs its own engine on its own GPU (tensor_parallel_size 1), or use engine: vllm-server")
+        seed = settings.seed + rank
     kw: dict[str, Any] = dict(model=path, tokenizer=path, dtype=settings.dtype, max_model_len=settings.max_model_len,
-                              enforce_eager=settings.enforce_eager, seed=settings.seed,
+                              enforce_eager=settings.enforce_eager, seed=seed,
                               tensor_parallel_size=settings.tensor_parallel_size,
                               # pofe sends token ids and decodes with its own tokenizer (every request is a
                               # TokensPrompt with explicit stop ids and detokenize=False), so the engine's own
@@ -305,6 +338,8 @@ def engine_kwargs(path: str, settings: VLLMSettings, *, lora_rank: int | None, c
                               skip_tokenizer_init=True)
     if cuda:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if colocated:
+        kw["distributed_executor_backend"] = "external_launcher"
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(settings, key) is not None:
             kw[key] = getattr(settings, key)
@@ -324,7 +359,9 @@ class Engine:
 
     def __init__(self, path: str, settings: VLLMSettings, *, lora_rank: int | None):
         vllm = _import_vllm()
-        kw = engine_kwargs(path, settings, lora_rank=lora_rank, cuda=torch.cuda.is_available())
+        processes, rank = launch_placement()
+        kw = engine_kwargs(path, settings, lora_rank=lora_rank, cuda=torch.cuda.is_available(), processes=processes,
+                           rank=rank)
         if "kv_cache_memory_bytes" in kw and os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None):
             # vLLM-CPU's variable would override it
             log.warning("sampling.vllm.kv_cache_gb=%s overrides VLLM_CPU_KVCACHE_SPACE", settings.kv_cache_gb)
