@@ -298,3 +298,74 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
     assert got["sft.py"] == sorted(["defines no Recipe subclass", "never calls drive()", "f() is 86 lines (max 80)",
                                     f"{len((tmp_path / 'sft.py').read_text().splitlines())} lines (max 300)",
                                     "uses save_checkpoint (line 1): the driver's job", "writes summary.json (the driver's job)"])
+
+
+# ---- package layers: which top-level rooms of pofe/ may import which
+#
+# One rank per top-level room (a subpackage or a top-level module); a room may import rooms of its
+# own rank or below, never above. The layers, bottom up: leaves (records, config, errors, runs, ...)
+# -> the runtime (today still ``training``) -> data, generation, judges -> evaluation -> the
+# driver (``recipe``) -> the commands (``loops``, ``annotate``) -> the CLI.
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(["pofe", "errors", "paths", "secrets", "config", "records", "labels", "losses", "plugins",
+                     "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders"], 0),
+    "training": 1,
+    **dict.fromkeys(["data", "generation", "judges"], 2),
+    "evaluation": 3,
+    "recipe": 4,
+    **dict.fromkeys(["loops", "annotate"], 5),
+    **dict.fromkeys(["cli", "__main__", "config_docs"], 6),
+}
+
+# Arrows that run up a layer today, each to be removed by moving code down (issue: "The house").
+# The test fails on a new upward arrow AND on an entry here that no longer exists, so this list
+# only shrinks; CONTRIBUTING.md states the rule.
+KNOWN_UPWARD = {
+    ("runs", "data"), ("outputs", "data"), ("models", "data"),  # JSONL helpers / DataError live in data
+    ("labels", "evaluation"),  # the calibration map's apply/load live in evaluation.calibrate
+    ("judges", "evaluation"),  # jury.py's calibration
+    # the runtime primitives share a package with command pieces that import their stage packages
+    ("training", "data"), ("training", "generation"), ("training", "judges"), ("training", "evaluation"),
+    ("training", "recipe"), ("training", "loops"),
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_arrows(direct: dict[str, set[str]], layers: dict[str, int]) -> dict[tuple[str, str], list[str]]:
+    """(room, room it imports from a higher layer) -> the module imports that make the arrow; a room
+    missing from ``layers`` is reported as (room, "?") so a new room must be placed."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for a, targets in direct.items():
+        for b in targets:
+            ra, rb = _room(a), _room(b)
+            if ra == rb:
+                continue
+            if ra not in layers or rb not in layers:
+                out.setdefault((ra if ra not in layers else rb, "?"), []).append(f"{a} -> {b}")
+            elif layers[rb] > layers[ra]:
+                out.setdefault((ra, rb), []).append(f"{a} -> {b}")
+    return out
+
+
+def test_package_layers_only_point_down():
+    _, _, direct = import_graph(ROOT)
+    rooms = {_room(m) for m in direct}
+    assert len(rooms) > 20 and not rooms - set(LAYERS), f"place these top-level rooms of pofe/ in LAYERS: {sorted(rooms - set(LAYERS))}"
+    up = upward_arrows(direct, LAYERS)
+    new = {k: v for k, v in up.items() if k not in KNOWN_UPWARD}
+    assert not new, "imports running up a layer (move the shared code down): " + "; ".join(
+        f"{a} -> {b}: {', '.join(sorted(v)[:3])}" for (a, b), v in sorted(new.items()))
+    gone = KNOWN_UPWARD - set(up)
+    assert not gone, f"these upward arrows are gone: delete them from KNOWN_UPWARD: {sorted(gone)}"
+
+
+def test_the_layer_checker_finds_an_upward_arrow(tmp_path):
+    root = _write(tmp_path, {"pkg/__init__.py": "", "pkg/runs.py": "from pkg.loops import x\n",
+                             "pkg/loops/__init__.py": "x = 1\n", "pkg/newroom.py": "import pkg.runs\n"})
+    _, _, direct = import_graph(root)
+    up = upward_arrows(direct, {"pkg": 0, "runs": 0, "loops": 5})
+    assert up == {("runs", "loops"): ["pkg.runs -> pkg.loops"], ("newroom", "?"): ["pkg.newroom -> pkg.runs"]}
