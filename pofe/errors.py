@@ -22,3 +22,12 @@ class PofeError(Exception):
     fault; ``exit_code`` is 2 for bad input, 1 for an environment or run failure."""
 
     exit_code: int = 1
+
+
+class ModelError(PofeError):
+    """A model name that names nothing loadable (typo, missing folder, not on the hub, hub
+    offline), or a model folder that cannot be trusted (a torn or missing file, weights that do not
+    fit its config, a non-causal architecture, a chat template that fails or does not finish).
+    ``str(e)`` is one line naming the file; the CLI exits 2 with it."""
+
+    exit_code = 2

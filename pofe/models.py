@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pofe.paths import pofe_home
-from pofe.errors import PofeError
+from pofe.errors import ModelError, PofeError  # ModelError: re-exported, raised by callers as pofe.models.ModelError
 
 if TYPE_CHECKING:
     import torch
@@ -44,13 +44,6 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 
 # A Hugging Face repo id: ``name`` or ``org/name`` (letters, digits, ``-_.``).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-class ModelError(PofeError):
-    """A model name that names nothing loadable (typo, missing folder, not on the hub, hub
-    offline). ``str(e)`` is one line; the CLI exits 2 with it."""
-
-    exit_code = 2
 
 
 class DeviceUnavailable(PofeError, RuntimeError):
@@ -216,21 +209,160 @@ def adapter_base(adapter_dir: str | Path) -> str:
 
 
 def load_adapter(model, adapter_dir: str | Path, *, trainable: bool = False):
-    """Wrap ``model`` with the saved LoRA adapter in ``adapter_dir`` (peft)."""
+    """Wrap ``model`` with the saved LoRA adapter in ``adapter_dir`` (peft). The folder is checked
+    first (:func:`pofe.model_folders.check_folder`), and the adapter must fit the model: its
+    ``target_modules`` match modules of it, and its weights are exactly the adapter's (peft only
+    warns about missing ones, which then stay at their initial values)."""
     from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
 
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+    from pofe.model_folders import check_folder, read_config, safetensors_header
+
+    folder = Path(adapter_dir)
+    config = folder / "adapter_config.json"
+    if not os.path.lexists(config):
         raise ModelError(f"model.adapter {str(adapter_dir)!r}: no adapter_config.json there")
-    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+    check_folder(folder)
+    targets = read_config(config).get("target_modules")
+    weights = folder / "adapter_model.safetensors"
+    try:
+        wrapped = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
+    except PofeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - peft's errors for a folder that does not fit: one line naming it
+        if type(e).__name__ == "NoMatchingPeftModuleError" or "not found in the base model" in str(e):
+            raise ModelError(f"{config}: target_modules {targets!r} match no module of the base model") from None
+        raise ModelError(f"{folder}: cannot apply the adapter ({type(e).__name__}: {_first_line(e)})") from None
+    if os.path.lexists(weights):
+        have = set(safetensors_header(weights)) - {"__metadata__"}
+        want = set(get_peft_model_state_dict(wrapped))
+        if want - have:
+            raise ModelError(f"{weights}: lacks {len(want - have)} of the adapter's weights, e.g. "
+                             f"{sorted(want - have)[:2]} (they would keep their initial values)")
+        if have - want:
+            raise ModelError(f"{weights}: holds {len(have - want)} weights the adapter of {config.name} does not "
+                             f"have, e.g. {sorted(have - want)[:2]}")
+    return wrapped
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _check_local(path: str) -> dict[str, Any] | None:
+    """:func:`pofe.model_folders.check_folder` for a local folder (a hub id is left to the hub
+    client); returns its ``config.json`` (None: no local config)."""
+    if not os.path.isdir(path):
+        return None
+    from pofe.model_folders import check_folder
+
+    return check_folder(path)
+
+
+# Seconds a chat template may take to render one conversation, and how much longer than the
+# conversation its output may be: a template is code from the model folder, and a jinja sandbox
+# bounds each range(), not loops nested in one another (two range(100000) loops hung for hours).
+TEMPLATE_SECONDS = 5.0
+TEMPLATE_OUTPUT = (1 << 20, 8)
+"""(bytes, times the conversation's length): the output a template may add to its messages."""
+
+
+class _TemplateTimeout(Exception):
+    pass
+
+
+def _bounded(fn, seconds: float):
+    """``fn()``, stopped once it has run ``seconds``: a trace function on the template's own frames
+    (jinja compiles a template to Python: every loop iteration is a line event) raises past the
+    deadline. Per thread (sampling renders in a prefetch thread too); the previous tracer (a
+    debugger, coverage) is restored after."""
+    import sys
+    import time
+
+    deadline = time.monotonic() + seconds
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+            if count[0] % 256 == 0 and time.monotonic() > deadline:
+                raise _TemplateTimeout
+        return local
+
+    def calls(frame, event, arg):
+        name = frame.f_code.co_filename
+        return local if name == "<template>" or f"{os.sep}jinja2{os.sep}" in name else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        return fn()
+    finally:
+        sys.settrace(previous)
+
+
+def _template_file(tokenizer) -> str:
+    """The file a tokenizer's chat template came from, for error lines."""
+    folder = str(getattr(tokenizer, "name_or_path", "") or "")
+    if folder and os.path.isdir(folder):
+        for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+    return f"{folder or 'the tokenizer'}: its chat template"
+
+
+def render_chat_template(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+    """The tokenizer's chat template applied to ``messages`` under a time and size bound.
+
+    Raises:
+        ModelError: the template raised (``raise_exception``, a sandbox refusal, a bad filter), ran
+            past :data:`TEMPLATE_SECONDS`, or wrote more than :data:`TEMPLATE_OUTPUT` allows; one
+            line naming the file that holds it.
+    """
+    where = _template_file(tokenizer)
+    try:
+        out = _bounded(lambda: tokenizer.apply_chat_template(messages, tokenize=False,
+                                                             add_generation_prompt=add_generation_prompt),
+                       TEMPLATE_SECONDS)
+    except _TemplateTimeout:
+        raise ModelError(f"{where}: the chat template did not finish rendering in {TEMPLATE_SECONDS:g} s (a template "
+                         f"that loops without bound is refused)") from None
+    except PofeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - jinja's TemplateError, SecurityError, a filter's TypeError: the template's fault
+        raise ModelError(f"{where}: the chat template failed ({type(e).__name__}: {_first_line(e)})") from None
+    fixed, times = TEMPLATE_OUTPUT
+    n = sum(len(str(m.get("content", ""))) for m in messages)
+    if not isinstance(out, str) or len(out) > fixed + times * n:
+        raise ModelError(f"{where}: the chat template wrote {len(out) if isinstance(out, str) else type(out).__name__} "
+                         f"characters for a {n}-character conversation (at most {fixed + times * n}); refused")
+    return out
+
+
+def _check_chat_template(tokenizer) -> None:
+    """Render one short conversation at load, so a template that raises or does not finish is
+    refused before any data or training, not at the first prompt."""
+    if getattr(tokenizer, "chat_template", None):
+        render_chat_template(tokenizer, [{"role": "user", "content": "Hello"}])
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL, *, trust_remote_code: bool = False, revision: str | None = None):
     from transformers import AutoTokenizer
 
     path = resolve_model_path(name_or_path, revision=revision)
+    _check_local(path)  # before the tokenizer library opens anything (a FIFO blocks, a torn file panics)
     if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         path = resolve_model_path(adapter_base(path))  # an adapter saved without its tokenizer
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+        _check_local(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except PofeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tokenizer file the library cannot use: one line naming it
+        files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.exists(os.path.join(path, f))]
+        where = os.path.join(path, files[0]) if files else path
+        raise ModelError(f"{where}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from None
+    _check_chat_template(tok)
     if tok.pad_token is None:
         # Causal LMs often ship without a pad token; EOS is safe because padding is masked.
         tok.pad_token = tok.eos_token
@@ -245,6 +377,7 @@ def load_model(
     trust_remote_code: bool = False,
     revision: str | None = None,
     model_class: Any = None,
+    fresh_head: bool = False,
     **kwargs: Any,
 ):
     """Load ``(model, tokenizer)`` for an embedded name, a Hugging Face id or a local dir.
@@ -258,6 +391,13 @@ def load_model(
 
     The loaded model's ``name_or_path`` is the name as given (not the embedded cache path), so
     an adapter saved from it records a base model name that loads on another machine.
+
+    A model folder is untrusted input, checked before use: its files
+    (:func:`pofe.model_folders.check_folder`), a causal (decoder-only) architecture, weights that
+    are exactly the ones its config describes (a missing weight is never initialised at random;
+    ``fresh_head``: except a new head outside the base model, a reward model's ``score``), the
+    tokenizer's vocabulary within the embedding, and its chat template (bounded). Each failure is
+    one :class:`ModelError` line naming the file.
     """
     from transformers import AutoModelForCausalLM
 
@@ -265,16 +405,27 @@ def load_model(
     torch_dtype = _torch_dtype(dtype)
     target = resolve_device(device) if device else None
     path = resolve_model_path(name_or_path, revision=revision)
+    config = _check_local(path)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         base, _ = load_model(adapter_base(path), dtype=dtype, device=None, trust_remote_code=trust_remote_code,
-                             model_class=model_class, **kwargs)
+                             model_class=model_class, fresh_head=fresh_head, **kwargs)
         model = load_adapter(base, path, trainable=False)
         tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
     else:
         tok = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code, revision=revision)
-        model = cls.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision, **kwargs)
+        _check_architecture(path, config, trust_remote_code=trust_remote_code, revision=revision)
+        try:
+            model, info = cls.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                              revision=revision, output_loading_info=True, **kwargs)
+        except PofeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever transformers raises for weights it cannot use: one line
+            raise ModelError(f"{_weights_file(path)}: cannot load the weights ({type(e).__name__}: "
+                             f"{_first_line(e)})") from None
+        _check_loading_info(path, model, info, fresh_head=fresh_head)
         model.name_or_path = name_or_path
         model.config._name_or_path = name_or_path
+    _check_vocabulary(path, model, tok)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tok.pad_token_id
     if target is not None:
@@ -283,13 +434,90 @@ def load_model(
     return model, tok
 
 
+def _weights_file(path: str) -> str:
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    return path
+
+
+def _check_architecture(path: str, config: dict[str, Any] | None, *, trust_remote_code: bool,
+                        revision: str | None) -> None:
+    """Refuse a model that is not a causal (decoder-only) LM: pofe samples and trains left to right,
+    and an encoder (``model_type: bert``) loaded as a causal LM trains on while attending to the
+    future. An encoder type transformers maps to a causal head only as a decoder (``is_decoder``)
+    counts as causal only with ``is_decoder: true``."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    where = os.path.join(path, "config.json")
+    if config is None:  # a hub id: its config from the hub cache
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision).to_dict()
+        except PofeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"{path}: cannot read its config ({type(e).__name__}: {_first_line(e)})") from None
+        where = f"{path} config.json"
+    kind = config.get("model_type")
+    if config.get("is_encoder_decoder"):
+        raise ModelError(f"{where}: model_type {kind!r} is an encoder-decoder model; pofe trains causal "
+                         f"(decoder-only) language models")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise ModelError(f"{where}: model_type {kind!r} is not a causal language model transformers knows; pofe trains "
+                         f"causal (decoder-only) language models")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder"):
+        raise ModelError(f"{where}: model_type {kind!r} is an encoder (bidirectional) model, not a causal language "
+                         f"model; pofe trains causal (decoder-only) language models")
+
+
+def _check_loading_info(path: str, model, info: dict[str, Any], *, fresh_head: bool) -> None:
+    """Weights exactly as the config describes them: none missing (transformers would initialise it
+    at random and say so only in a log line), none left over, none of another shape."""
+    weights, config = _weights_file(path), os.path.join(path, "config.json")
+    prefix = f"{getattr(model, 'base_model_prefix', '') or '-'}."
+
+    def counted(keys) -> list[str]:
+        keys = sorted(str(k) for k in keys or ())
+        # a new head (a reward model's score) lies outside the base model; only it may be fresh
+        return [k for k in keys if k.startswith(prefix)] if fresh_head else keys
+
+    missing, unexpected = counted(info.get("missing_keys")), counted(info.get("unexpected_keys"))
+    if missing:
+        raise ModelError(f"{weights}: lacks {len(missing)} weights that {config} describes, e.g. {missing[:3]}; pofe "
+                         f"never initialises weights at random (a torn copy, or a config.json of another model?)")
+    if unexpected:
+        raise ModelError(f"{weights}: holds {len(unexpected)} weights the model of {config} does not have, e.g. "
+                         f"{unexpected[:3]} (a config.json of another model?)")
+    mismatched = sorted(info.get("mismatched_keys") or (), key=str)
+    if mismatched:
+        raise ModelError(f"{weights}: {len(mismatched)} weights have other shapes than {config} gives, e.g. "
+                         f"{[str(m) for m in mismatched[:2]]}")
+    errors = info.get("error_msgs") or []
+    if errors:
+        raise ModelError(f"{weights}: {_first_line(Exception(str(errors[0])))}")
+
+
+def _check_vocabulary(path: str, model, tok) -> None:
+    """Every token id the tokenizer can produce must index a row of the embedding."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    if rows is not None and len(tok) > rows:
+        files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.exists(os.path.join(path, f))]
+        where = os.path.join(path, files[0]) if files else path
+        raise ModelError(f"{where}: {len(tok)} tokens, but the model's embedding has {rows} rows (token ids from "
+                         f"{rows} on would index past it): a tokenizer of another model?")
+
+
 def apply_chat_template(tokenizer, prompt: str | list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
     """Render a prompt with the tokenizer's chat template when it has one, else as raw text."""
     from pofe.data.chat import neutralise_messages  # data text must not forge control tokens
 
     messages = neutralise_messages(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return render_chat_template(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     return "\n\n".join(m["content"] for m in messages) + ("\n\n" if add_generation_prompt else "")
 
 

@@ -354,6 +354,30 @@ def input_files(cfg: BaseModel | dict) -> list[tuple[str, str]]:
     return out
 
 
+def model_folders(cfg: BaseModel | dict) -> list[tuple[str, str]]:
+    """(dotted key, path) of every local model or adapter folder the config names (``model.name``,
+    ``model.adapter``, a judge's model, ...): a model is an input too, and ``run.json`` records its
+    fingerprint (:func:`pofe.model_folders.fingerprint`) so that a resume on other weights is refused."""
+    from pofe.model_folders import is_model_folder
+
+    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    out: list[tuple[str, str]] = []
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if str(k) not in _NOT_INPUTS:
+                    walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, str) and node and "\n" not in node and len(node) < 4096 and is_model_folder(node):
+            out.append((key, node))
+
+    walk(data, "")
+    return out
+
+
 def write_manifest(run_dir: str | Path, cfg: BaseModel) -> Path:
     """``run.json``: pofe version, command, sha256 of ``config.yaml`` and of every input file the
     config names, so that a resume can tell that the run would continue from what it started."""
@@ -362,9 +386,11 @@ def write_manifest(run_dir: str | Path, cfg: BaseModel) -> Path:
     run_dir = Path(run_dir)
     inputs = [{"key": k, "path": p, "sha256": file_sha256(os.path.expanduser(p)),
                "bytes": os.path.getsize(os.path.expanduser(p))} for k, p in input_files(cfg)]
+    from pofe.model_folders import model_identities
+
     manifest = {"format": 1, "pofe_version": __version__, "command": _COMMANDS.get(os.path.abspath(run_dir)),
                 "config_sha256": hashlib.sha256(read_run_bytes(run_dir / "config.yaml")).hexdigest(),
-                "inputs": inputs}
+                "inputs": inputs, "models": model_identities(model_folders(cfg))}
     path = run_dir / MANIFEST
     atomic_write_text(path, json.dumps(manifest, indent=1) + "\n")
     return path
@@ -413,6 +439,16 @@ def verify_run_folder(run_dir: str | Path, *, again: bool = True) -> None:
         if file_sha256(full) != h:
             raise RunError(f"--resume {run_dir}: input {k} = {p} changed since the run started (sha256 differs "
                            f"from {MANIFEST}); resuming would mix two datasets in one run: start a new run")
+    from pofe.model_folders import model_change
+
+    for item in manifest.get("models") or []:  # absent in a run.json of an older pofe: nothing recorded to compare
+        try:
+            change = model_change(item)
+        except (KeyError, TypeError, ValueError):
+            raise RunError(f"--resume {run_dir}: {path} is not a valid run manifest (bad models entry)") from None
+        if change is not None:
+            raise RunError(f"--resume {run_dir}: {item['key']} = {item['path']} changed since the run started "
+                           f"({change}); a resumed run would continue on other weights: start a new run")
     _VERIFIED.add(key)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training.model import ModelConfig
+from pofe.training.model import ModelConfig, no_hub_lookup_at_save
 
 
 def rm_text(tokenizer, prompt: str | Sequence[dict[str, str]], response: str) -> str:
@@ -65,7 +65,8 @@ def load_reward_model(cfg: ModelConfig):
     from pofe.models import load_model
 
     model, tok = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
-                            model_class=AutoModelForSequenceClassification, num_labels=1)
+                            model_class=AutoModelForSequenceClassification, num_labels=1,
+                            fresh_head=True)  # a causal LM gets a new score head here: the one weight made fresh
     return wrap_reward_model(model, cfg, pad_token_id=tok.pad_token_id), tok
 
 
@@ -88,7 +89,7 @@ def wrap_reward_model(model, cfg: ModelConfig, *, pad_token_id: int | None = Non
 
         lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                         target_modules=cfg.lora.target_modules, task_type="SEQ_CLS")
-        model = get_peft_model(model, lc)
+        model = no_hub_lookup_at_save(get_peft_model(model, lc))
     return model
 
 
