@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from pofe.config import ConfigError, PofeConfig
+from pofe.config import MAX_BATCH_SIZE, ConfigError, PofeConfig, Seed
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.labels import LabelPolicy
@@ -80,9 +80,9 @@ class TrainSettings(PofeConfig):
 
     steps: int = Field(40, ge=1)
     """Optimiser steps."""
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Prompts per micro-batch per process (one pair per prompt)."""
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH_SIZE)
     """Micro-batches per optimiser step; prompts per step per process = batch_size * grad_accum."""
     samples_per_prompt: int = Field(2, ge=2)
     """Responses sampled per prompt (OAIF: 2). With more, all pairs are judged and the best
@@ -100,7 +100,7 @@ class OnlineConfig(PofeConfig):
     """online (Algorithm 1), async (Algorithm 1 with step t+1's samples and labels produced in a
     background thread while step t trains: one step stale, needs sampling.engine=vllm), iterative
     (relabel every train.iterative_every steps) or offline (pairs from data.preferences: the baseline)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds LoRA init, prompt order, held-out split and every step's sampling."""
     model: ModelConfig = ModelConfig()
     """The policy; its initial weights are the reference pi_0."""

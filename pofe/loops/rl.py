@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pofe.config import ConfigError, PofeConfig
+from pofe.config import MAX_BATCH_SIZE, ConfigError, PofeConfig, Seed
 from pofe.data.io import DataError
 from pofe.generation import SamplingConfig
 from pofe.judges.usage import BudgetMeter, budget_of
@@ -71,7 +71,7 @@ class RLTrainConfig(PofeConfig):
 
     steps: int = Field(20, ge=1)
     """Optimiser steps."""
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     """Prompts per step per process."""
     group_size: int = Field(4, ge=2)
     """Samples per prompt (k); the group is the baseline."""
@@ -129,7 +129,7 @@ class RLConfig(PofeConfig):
     """Checkpoints for ``--resume``."""
     log: LogConfig = LogConfig()
     """metrics.jsonl, optional TensorBoard / W&B / MLflow, progress bar."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds sampling, batches and initialisation."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""

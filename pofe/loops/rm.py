@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.rm_pairs import hardened, load_rm_pairs, split_pairs
 from pofe.losses import RMLossName, get_rm_loss
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
@@ -70,7 +70,7 @@ class RMTrainConfig(PofeConfig):
     """Passes over the training pairs (each reshuffled)."""
     steps: int | None = Field(None, ge=1)
     """Stop after this many optimiser steps (default: epochs × ceil(pairs / (batch_size × processes)))."""
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE)
     """Pairs per optimiser step per process (2 x batch_size sequences per forward)."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
@@ -107,7 +107,7 @@ class RMConfig(PofeConfig):
     """Checkpoints for ``--resume``."""
     log: LogConfig = LogConfig()
     """metrics.jsonl, optional TensorBoard / W&B / MLflow, progress bar."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds the split, the batch order and the score head's initialisation."""
     run: RunConfig = RunConfig()
     """Where the run folder goes."""

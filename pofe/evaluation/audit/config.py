@@ -7,7 +7,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
-from pofe.config import PofeConfig
+from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.errors import PofeError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 
@@ -56,14 +56,14 @@ class AuditConfig(PofeConfig):
 
     data: AuditDataConfig = AuditDataConfig()
     """The calibration set (``data.calibration``, ``data.limit``)."""
-    seed: int = 0
+    seed: Seed = 0
     judge: JudgeConfig = LLMJudgeConfig()
     length_unit: Literal["chars", "words"] = "chars"
     contrasts: bool = True
     """Build and judge contrast pairs."""
     contrast_limit: int = Field(50, ge=1)
     """Calibration items each contrast kind is built from."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH_SIZE)
     """Items per judge call (progress is logged between calls)."""
     seeds: int = Field(1, ge=1)
     """Judge the calibration set this many times (alpaca_eval's variance across seeds; a
