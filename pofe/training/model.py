@@ -91,8 +91,32 @@ def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
 
         model = load_adapter(model, cfg.adapter, trainable=True)
     elif cfg.lora.enabled:
+        _check_lora_targets(model, cfg.lora.target_modules)
         model = apply_lora(model, cfg.lora)
     return model, tokenizer
+
+
+def _check_lora_targets(model, targets: list[str] | str) -> None:
+    """Refuse ``model.lora.target_modules`` that match no module of the model, with one line (peft
+    raises its own exception from deep inside). Matched as peft does: a list by a name's last
+    components, a string as a regular expression over the whole name, ``all-linear`` always."""
+    import re
+
+    from pofe.models import ModelError
+
+    if targets == "all-linear":
+        return
+    names = [n for n, _ in model.named_modules()]
+    if isinstance(targets, str):
+        try:
+            hit = any(re.fullmatch(targets, n) for n in names)
+        except re.error as e:
+            raise ModelError(f"model.lora.target_modules {targets!r}: not a regular expression ({e})") from None
+    else:
+        hit = any(n == t or n.endswith(f".{t}") for n in names for t in targets)
+    if not hit:
+        raise ModelError(f"model.lora.target_modules {targets!r}: match no module of the model {model.name_or_path!r} "
+                         f"(its modules end in e.g. {sorted({n.rsplit('.', 1)[-1] for n in names if n})[:6]})")
 
 
 class Reference:
