@@ -276,17 +276,31 @@ def output_record(run_dir: str | Path, names: tuple[str, ...]) -> dict[str, dict
     out: dict[str, dict[str, Any]] = {}
     for n in names:
         path = Path(run_dir) / n
+        key = os.path.abspath(path)
         if not os.path.lexists(path):
+            _RUNNING.pop(key, None)
             out[n] = {"bytes": 0, "rows": 0, "sha256": hashlib.sha256(b"").hexdigest()}
             continue
-        h, rows, size = hashlib.sha256(), 0, 0
         with os.fdopen(open_run_file(path, os.O_RDONLY), "rb") as f:  # never through a link
+            st = os.fstat(f.fileno())
+            size, rows, h, ident = _RUNNING.get(key, (0, 0, hashlib.sha256(), None))
+            if ident != (st.st_dev, st.st_ino) or st.st_size < size:  # another file, or cut back (a rewind)
+                size, rows, h = 0, 0, hashlib.sha256()
+            h = h.copy()
+            f.seek(size)
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-                rows += block.count(b"\n")
+                rows += block.count(NL)
                 size += len(block)
+        _RUNNING[key] = (size, rows, h, (st.st_dev, st.st_ino))
         out[n] = {"bytes": size, "rows": rows, "sha256": h.hexdigest()}
     return out
+
+
+# path -> (bytes, rows, sha256 so far, (device, inode)): the outputs are append-only, so each
+# checkpoint hashes only what was appended since the last one (a whole re-read at every checkpoint
+# made recording quadratic in the run's length: label checkpoints every batch).
+_RUNNING: dict[str, tuple[int, int, Any, tuple[int, int] | None]] = {}
 
 
 def _step_of(folder: Path) -> int | None:
@@ -340,6 +354,8 @@ def verify_checkpoint(ckpt_dir: str | Path) -> dict[str, Any]:
     mpath = ckpt_dir / MANIFEST
     if not (ckpt_dir / "trainer_state.json").is_file() and (ckpt_dir / "trainer_state.pt").exists():
         _read_state_json(ckpt_dir)  # the pickled format's own refusal (never unpickled), before any other
+    if os.path.lexists(mpath) and not mpath.is_file():
+        raise CheckpointError(f"{mpath}: not a regular file; the checkpoint is damaged")
     if not mpath.exists():
         extra = _read_state_json(ckpt_dir)
         if extra.get("format") != 2:
@@ -477,6 +493,8 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     for name, into in (("trainer_state.safetensors", "tensors"), ("model.safetensors", "sd")):
         if name == "model.safetensors" and model is None:
             continue
+        if not (ckpt_dir / name).is_file():  # never opened when a FIFO or a device (opening one can block)
+            raise CheckpointError(f"{ckpt_dir / name}: missing or not a regular file; the checkpoint is damaged")
         try:
             loaded = load_file(str(ckpt_dir / name))
         except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError for a torn file
