@@ -5,8 +5,11 @@ The kit is built here without the network: the tokenizer files as ``scripts/devi
 exports them (``load_tokenizer().save_pretrained``), and one wheel built from
 ``tests/plugins/pofe_toy_plugin`` for this interpreter (the real kit's cp312 wheels are for the
 GPU machine's Python, and the packages they hold are installed here already), so the kit's
-``pip install --no-index --no-deps --target`` runs as it runs there. Every line is a result
-(``ITEM: PASS`` or ``ITEM: <number>``) or a ``#`` note, and each item of the check is there.
+``pip install --no-index --no-deps --target`` runs as it runs there. The packages this venv
+holds that the machine lacks and the kit does not carry (openai, vllm, deepspeed, ...) are hidden
+from every process of the run (``device_image/sitecustomize.py``), so the check cannot come to
+need one unnoticed. Every line is a result (``ITEM: PASS`` or ``ITEM: <number>``) or a ``#``
+note, and each item of the check is there.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "plugins" / "pofe_toy_plugin"
+IMAGE = Path(__file__).resolve().parent / "device_image"
 RESULT = re.compile(r"^([\w./+-]+): (PASS|-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?:  # .*)?$")
 
 SHAPES = ("qwen2-0.5b", "qwen2-1.5b")
@@ -54,7 +58,8 @@ def test_device_check_dry_run_on_cpu(tmp_path, tokenizer):
     assert built.returncode == 0, built.stderr
     assert len(list((kit / "wheels").glob("*.whl"))) == 1
     out, site = tmp_path / "out", tmp_path / "site"
-    env = {**os.environ, "OUT": str(out), "POFE_SITE": str(site), "PYTHON": sys.executable}
+    env = {**os.environ, "OUT": str(out), "POFE_SITE": str(site), "PYTHON": sys.executable,
+           "PYTHONPATH": str(IMAGE)}
     t = time.perf_counter()
     p = subprocess.run(["bash", "benchmarks/device_check.sh", "--cpu", "--kit", str(kit)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=900)
