@@ -289,3 +289,18 @@ def test_resume_refuses_a_base_model_folder_whose_weights_were_replaced(tmp_path
     assert str(e.value) == (f"--resume {run}: model.name = {folder} changed since the run started "
                             f"({folder}/model.safetensors changed); a resumed run would continue on other weights: "
                             f"start a new run")
+
+
+def test_the_cli_prints_the_one_line_and_leaves_no_run_folder(tmp_path, folder):
+    """What the user sees: ``error: <line>``, exit 2, and no run folder with nothing computed in it."""
+    from _cli import invoke
+
+    _edit_config(folder, num_hidden_layers=4)
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text("".join(json.dumps({"prompt": f"Q{i}?", "response": f"A{i}."}) + "\n" for i in range(4)))
+    res = invoke("sft", "--ift", str(ift), "--model", str(folder), "--steps", "1", "--output-dir", str(tmp_path / "runs"),
+                 "--set", "log.progress=false")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        f"error: {folder}/model.safetensors: lacks 18 weights that {folder}/config.json describes, e.g. [")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
