@@ -70,12 +70,25 @@ class ModelConfig(LoadConfig):
         return self
 
 
+def no_hub_lookup_at_save(peft_model):
+    """``peft_model`` saving without asking the Hub about its base model. peft's default
+    ``save_embedding_layers="auto"`` looks the base's ``config.json`` up on the Hub whenever the
+    base is not a local folder -- the embedded model's name is not -- to see whether the
+    vocabulary was resized: a network call at every checkpoint, and two warnings ("Unable to
+    fetch remote file ... Name or service not known") offline. pofe never resizes the
+    embeddings (a missing pad token is the EOS token), so an adapter has none to save."""
+    import functools
+
+    peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)
+    return peft_model
+
+
 def apply_lora(model, lora: LoraSettings):
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    return no_hub_lookup_at_save(get_peft_model(model, cfg))
 
 
 def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
@@ -89,7 +102,7 @@ def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
     if cfg.adapter is not None:
         from pofe.models import load_adapter
 
-        model = load_adapter(model, cfg.adapter, trainable=True)
+        model = no_hub_lookup_at_save(load_adapter(model, cfg.adapter, trainable=True))
     elif cfg.lora.enabled:
         _check_lora_targets(model, cfg.lora.target_modules)
         model = apply_lora(model, cfg.lora)
