@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, resolve_config
+from pofe.cli.helptext import judge_kinds_help
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,7 @@ def register(app: typer.Typer) -> None:
         calibration: Optional[list[str]] = typer.Option(
             None, "--calibration", help="A calibration file or folder, e.g. a `pofe annotate` output (repeatable; "
                                         "the same as giving it as an argument)."),
-        judge: Optional[str] = typer.Option(None, "--judge", help="Judge kind (see pofe.judges.registry.JUDGES)."),
+        judge: Optional[str] = typer.Option(None, "--judge", help=judge_kinds_help()),
         limit: Optional[int] = typer.Option(None, help="Seeded random subset of N items in all (each file gives its share)."),
         contrast_limit: Optional[int] = typer.Option(None, help="Items each contrast kind is built from (50)."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the report JSON here."),

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -19,7 +20,34 @@ T = TypeVar("T", bound=PofeConfig)
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a key: --set judge.template=helpful-short (repeatable).")
 PrintConfigOpt = typer.Option(False, "--print-config", help="Print the resolved config and exit.")
-JsonOpt = typer.Option(False, "--json", help="Print a JSON summary on stdout at the end.")
+_json = {"out": None}  # where emit_json writes once --json took stdout for the JSON alone
+
+
+def json_only_stdout(value: bool) -> bool:
+    """``--json``'s callback (it runs before the command imports torch): from here on stdout
+    carries the JSON alone. Everything else written to it -- a library's ``print``, a logging
+    handler bound to ``sys.stdout`` when its module loads (DeepSpeed's "Setting accelerator to
+    CPU", imported under accelerate), C code and child processes writing to fd 1 -- goes to
+    stderr; :func:`emit_json` writes to the real stdout, so ``pofe ... --json | jq`` reads JSON."""
+    _json["out"] = None
+    if not value:
+        return value
+    sys.stdout.flush()
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-process runner's buffer: no fd to move
+        fd = None
+    if fd is not None:
+        out = os.fdopen(os.dup(fd), "w", encoding="utf-8")
+        os.dup2(sys.stderr.fileno(), fd)
+    _json["out"] = out
+    sys.stdout = sys.stderr
+    return value
+
+
+JsonOpt = typer.Option(False, "--json", callback=json_only_stdout,
+                       help="Print a JSON summary on stdout at the end (and nothing else there).")
 TrustRunConfigOpt = typer.Option(
     False, "--trust-run-config",
     help="With --resume: accept the settings in the run folder's config.yaml that run code or send data "
@@ -172,5 +200,6 @@ def resolve_config(cls: type[T], config: Optional[Path], sets: Optional[list[str
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
-    sys.stdout.flush()
+    out = _json["out"] or sys.stdout
+    out.write(json.dumps(obj, indent=2, default=str) + "\n")
+    out.flush()

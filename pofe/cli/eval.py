@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, emit_json, fail, resolve_config
+from pofe.cli.helptext import judge_kinds_help
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,7 @@ def register(app: typer.Typer) -> None:
         policies: Optional[list[str]] = typer.Argument(
             None, help="Policies: model, run folder or responses file each. Two: A vs B (baseline); 3+: all pairs."),
         prompts: Optional[str] = typer.Option(None, "--prompts", "-p", help="Prompt file (.txt/.json/.jsonl)."),
-        judge: Optional[str] = typer.Option(None, "--judge", help="Judge kind (see pofe.judges.registry.JUDGES)."),
+        judge: Optional[str] = typer.Option(None, "--judge", help=judge_kinds_help()),
         limit: Optional[int] = typer.Option(None, help="Only the first N prompts."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Write per-pair rows to this JSONL file."),
         config: Optional[Path] = ConfigOpt,

@@ -1,5 +1,6 @@
-"""``pofe export``: a run's labelled pairs as TRL / alpaca_eval / ``datasets`` data
-(library code: :mod:`pofe.data.export`)."""
+"""``pofe export``: a run's labelled pairs as TRL / alpaca_eval / ``datasets`` data.
+
+The library code is :mod:`pofe.data.export`."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from pofe.cli.common import (
     emit_json,
     resolve_config,
 )
+from pofe.cli.helptext import judge_kinds_help
 from pofe.loops.judge import JudgeCommandConfig, run_judge
 
 
@@ -31,7 +32,7 @@ def register(app: typer.Typer) -> None:
     def judge(
         input: Optional[Path] = typer.Argument(None, help="JSONL (or any datasets-loadable file) of rows to label."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Verdicts JSONL (default: in the run folder)."),
-        kind: Optional[str] = typer.Option(None, "--judge", help="Judge kind (judge.kind): llm, llamacpp, openai, rubric, expected-score, length, ..."),
+        kind: Optional[str] = typer.Option(None, "--judge", help=judge_kinds_help()),
         model: Optional[str] = typer.Option(None, "--model", help="Judge model (default: embedded SmolLM2)."),
         template: Optional[str] = typer.Option(None, "--template", help="Template name or file."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N rows."),

@@ -20,7 +20,6 @@ import ast
 import errno
 import importlib
 import importlib.util
-import logging
 import os
 import sys
 import traceback
@@ -32,7 +31,10 @@ from typer import _click as click  # typer >= 0.20 vendors click; its groups and
 from typer.core import TyperCommand, TyperGroup
 
 from pofe import __version__
+from pofe.cli.helptext import install as plain_value_names
 from pofe.errors import PofeError
+
+plain_value_names()  # --help: TEXT / PATH / the choices, nothing for a flag (not <bool>, <list[str]>)
 
 # Order = order in --help.
 COMMAND_MODULES = [
@@ -73,6 +75,9 @@ def _short_help(module: str) -> str:
     first = " ".join(doc.split("\n\n", 1)[0].split())
     if first.startswith("``pofe") and "``:" in first:
         first = first.split("``:", 1)[1].strip()
+    from pofe.cli.helptext import plain
+
+    first = plain(first)
     return first[:1].upper() + first[1:]
 
 
@@ -213,7 +218,9 @@ def _load_command(module: str, cmd_name: str) -> click.Command:
     group = typer.main.get_group(sub)
     if cmd_name not in group.commands:
         raise RuntimeError(f"pofe/cli/{module}.py registers {sorted(group.commands)}, not {cmd_name!r}")
-    return group.commands[cmd_name]
+    from pofe.cli.helptext import tidy
+
+    return tidy(group.commands[cmd_name], cmd_name)
 
 
 app = typer.Typer(
@@ -232,18 +239,28 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _log_level(value: Optional[str]) -> Optional[str]:
+    from pofe.cli.logs import LEVELS
+
+    if value is not None and value.lower() not in LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LEVELS)}")
+    return None if value is None else value.lower()
+
+
 @app.callback()
 def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging, and the traceback of an error."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on stderr; no progress bars."),
+    log_level: Optional[str] = typer.Option(None, "--log-level", metavar="debug|info|warning|error",
+                                            callback=_log_level, help="Log level on stderr (default info)."),
 ) -> None:
     _state["verbose"] = verbose
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    from pofe.cli.logs import configure
+
+    configure(verbose=verbose, quiet=quiet, level=log_level)
     # Nothing is ever fetched from a model hub at run time unless the user opts in.
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     from pofe.secrets import install_log_redaction
 
     install_log_redaction()
