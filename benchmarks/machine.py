@@ -37,3 +37,24 @@ def paired_line(name: str, pofe: list[dict], trl: list[dict], key: str = "second
     return (f"{name}: pofe median {mp:.3f} s/step | TRL median {mt:.3f} s/step | speed-up {mt / mp:.2f}x over "
             f"{len(pofe)} paired rounds | peak RSS pofe {max(x['peak_rss_gb'] for x in pofe)} GB, "
             f"TRL {max(x['peak_rss_gb'] for x in trl)} GB")
+
+
+def smoke_model() -> str:
+    """A tiny random Llama (2 layers, hidden 32) over the embedded model's tokenizer, saved once per
+    process to a temporary folder: what ``--smoke`` runs on, so a smoke run takes seconds and
+    proves the script still runs end to end (its numbers mean nothing)."""
+    global _SMOKE_MODEL
+    if _SMOKE_MODEL is None:
+        import tempfile
+
+        from pofe.models import load_tokenizer, tiny_causal_lm
+
+        tok = load_tokenizer()
+        path = Path(tempfile.mkdtemp(prefix="pofe-smoke-model-"))
+        tiny_causal_lm(tok).save_pretrained(path)
+        tok.save_pretrained(path)
+        _SMOKE_MODEL = str(path)
+    return _SMOKE_MODEL
+
+
+_SMOKE_MODEL: str | None = None

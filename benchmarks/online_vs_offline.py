@@ -12,6 +12,7 @@ evaluated by the oracle as the win rate of the final policy against the initial 
 held-out prompts (greedy responses, both orders, ties counted as half).
 
     python benchmarks/online_vs_offline.py [--model smollm2-135m-instruct] [--steps 20] [--json]
+    python benchmarks/online_vs_offline.py --smoke    # a tiny random model, 1 step: runs end to end in seconds
 
 The default oracle is the length judge preferring shorter responses (OAIF Sec. 4.6's
 test-bed); ``--oracle keyword --keywords please,thanks`` uses the keyword judge instead.
@@ -57,7 +58,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--eval-prompts", type=int, default=16)
     ap.add_argument("--output-dir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 step x 2 prompts, 4 new tokens")
     args = ap.parse_args(argv)
+    if args.smoke:
+        from machine import smoke_model
+
+        args.model, args.steps, args.batch_size, args.max_new_tokens, args.eval_prompts = smoke_model(), 1, 2, 4, 2
 
     import torch
 
@@ -65,6 +71,7 @@ def main(argv=None) -> dict:
     from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
     from pofe.judges.registry import build_judge
     from pofe.loops.online import OnlineConfig, label_annotations, run, sample_and_annotate
+    from pofe.training.pair_sources import load_data
     from pofe.runs import JsonlWriter
     from pofe.training import load_policy, seed_everything
 
@@ -77,16 +84,19 @@ def main(argv=None) -> dict:
               f"run.output_dir={out}", "log.tensorboard=false", "checkpoint.every=0"]
     # both runs evaluate on the same held-out prompts (the split run() would make)
     out.mkdir(parents=True, exist_ok=True)
-    train_prompts, held = split_heldout(load_prompts(None), args.eval_prompts, 0)
+    _, held = split_heldout(load_prompts(None), args.eval_prompts, 0)
     (out / "eval-prompts.jsonl").write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in held))
     common.append(f"data.eval_prompts={out / 'eval-prompts.jsonl'}")
     cfg_on = load_config(OnlineConfig, None, common + ["mode=online", "run.name=online"])
+    train_prompts, _ = load_data(cfg_on)  # the training prompts exactly as the online run reads them
+
+    # the seed is the config's top-level key (it was train.seed: 'TrainSettings' object has no attribute 'seed')
 
     # 1. the offline dataset: the same prompt stream and label budget, responses from pi_0
-    seed_everything(cfg_on.train.seed)
+    seed_everything(cfg_on.seed)
     policy, tok = load_policy(cfg_on.model.model_copy(update={"lora": cfg_on.model.lora.model_copy(update={"enabled": False})}))
     judge = build_judge(cfg_on.judge)
-    cursor = PromptCursor(train_prompts, cfg_on.train.seed)  # the stream the online run draws
+    cursor = PromptCursor(train_prompts, cfg_on.seed)  # the stream the online run draws
     prefs = out / "offline-pairs.jsonl"
     labels = 0
     with JsonlWriter(prefs) as w:
