@@ -59,11 +59,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-run", action="store_true",
                     help="keep the run folder (checkpoints, metrics); by default it is deleted after its metrics are read")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model, 2 steps of 2 prompts x 4 new tokens: the script runs, in seconds")
     args = ap.parse_args(argv)
     from pofe.preload import allocator, restart_with_tcmalloc
 
     if argv is None:  # run as a script: on tcmalloc when installed, as `pofe online` runs (POFE_TCMALLOC=0: glibc)
         restart_with_tcmalloc("online")
+    if args.smoke:
+        from machine import smoke_model
+
+        args.model, args.steps = smoke_model(), 2
+        args.sets = ["train.batch_size=2", "sampling.max_new_tokens=4", *args.sets]  # after the bar's, so they win
 
     import torch
 
@@ -96,7 +103,7 @@ def main(argv=None) -> dict:
         sets += [f"judge.vllm.dtype={args.vllm_dtype}", "judge.vllm.max_model_len=2048"]
         if args.compile:
             sets.append("judge.vllm.enforce_eager=false")
-    cfg = load_config(OnlineConfig, None, sets + args.sets)
+    cfg = load_config(OnlineConfig, None, sets + args.sets)  # later --set wins
     t0 = time.perf_counter()
     try:
         summary = run(cfg)

@@ -2,6 +2,7 @@
 vs the packed pass (each prompt once), SDPA vs eager attention, fp32 vs bf16 autocast (round-3 notes).
 
     python benchmarks/policy_pass.py [--precision bf16|fp32] [--no-grad] [--repeats 5] [--profile]
+    python benchmarks/policy_pass.py --smoke    # a tiny random model, 1 repeat: the script runs, in seconds
 
 Pairs are random token ids of the bar benchmark's sizes (prompts 36-46 tokens, responses 30 or
 48); every variant runs on the same pairs, interleaved, after one warm-up each.
@@ -21,7 +22,13 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--malloc", action="store_true", help="pofe's glibc malloc tuning first (keep_freed_memory)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one pass per variant")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 repeat")
     args = ap.parse_args(argv)
+    if args.smoke:
+        from machine import smoke_model
+
+        args.model, args.repeats = smoke_model(), 1
 
     import torch
 
@@ -33,7 +40,7 @@ def main(argv=None) -> None:
     if args.malloc:
         keep_freed_memory()
     random.seed(0)
-    policy, tok = load_policy(ModelConfig(name="smollm2-135m-instruct"))
+    policy, tok = load_policy(ModelConfig(name=args.model))
     policy.train()
     ids = lambda n: tuple(random.randrange(1000, 20000) for _ in range(n))  # noqa: E731
     pairs = [TokenPair(ids(random.randint(36, 46)), ids(48), ids(random.choice([30, 48]))) for _ in range(4)]
