@@ -87,7 +87,15 @@ def main() -> None:
     ap.add_argument("--llamacpp-threads", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model on the transformers backend only (llama.cpp serves the embedded GGUF), 2 pairs")
     args = ap.parse_args()
+    model_name = "smollm2-135m-instruct"
+    if args.smoke:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from machine import smoke_model
+
+        model_name, args.pairs, args.throughput_pairs, args.hh_backend = smoke_model(), 2, 2, "transformers"
     if not HH.exists():
         print(json.dumps({"error": f"{HH} not found (needs ../shared/data)"}))
         sys.exit(1)
@@ -101,25 +109,26 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
     pairs = hh_pairs(max(args.pairs, args.throughput_pairs), args.max_chars, args.seed)
     tp_pairs = pairs[: args.throughput_pairs]
-    result: dict = {"model": "smollm2-135m-instruct", "template": args.template, "cpu_threads_torch": torch.get_num_threads(),
+    result: dict = {"model": model_name, "template": args.template, "cpu_threads_torch": torch.get_num_threads(),
                     "hh_pairs_available": len(pairs), "max_chars": args.max_chars}
     off = {"enabled": False}
 
     t0 = time.perf_counter()
-    model, tok = load_model()
+    model, tok = load_model(model_name)
     result["transformers_load_s"] = round(time.perf_counter() - t0, 2)
     tj = build_judge(LLMJudgeConfig(template=args.template, cache=off), model=model, tokenizer=tok)
     result["transformers"], tv = throughput(tj, tp_pairs)
 
-    lc = {"n_parallel": 2} | ({"n_threads": args.llamacpp_threads} if args.llamacpp_threads else {})
-    lj = build_judge(LlamaCppJudgeConfig(template=args.template, cache=off, llamacpp=lc))
-    t0 = time.perf_counter()
-    lj.judge(["warm-up"], ["a"], ["b"])
-    result["llamacpp_start_s"] = round(time.perf_counter() - t0, 2)
-    result["llamacpp"], lv = throughput(lj, tp_pairs)
-    result["llamacpp"]["threads"] = lj.backend.server.threads
-    diffs = [abs(a.p_ab - b.p_ab) for a, b in zip(lv, tv)] + [abs(a.p_ba - b.p_ba) for a, b in zip(lv, tv)]
-    result["llamacpp_vs_transformers_max_abs_diff_per_order"] = round(max(diffs), 4)
+    if not args.smoke:  # llama.cpp serves the embedded GGUF, not the smoke model
+        lc = {"n_parallel": 2} | ({"n_threads": args.llamacpp_threads} if args.llamacpp_threads else {})
+        lj = build_judge(LlamaCppJudgeConfig(template=args.template, cache=off, llamacpp=lc))
+        t0 = time.perf_counter()
+        lj.judge(["warm-up"], ["a"], ["b"])
+        result["llamacpp_start_s"] = round(time.perf_counter() - t0, 2)
+        result["llamacpp"], lv = throughput(lj, tp_pairs)
+        result["llamacpp"]["threads"] = lj.backend.server.threads
+        diffs = [abs(a.p_ab - b.p_ab) for a, b in zip(lv, tv)] + [abs(a.p_ba - b.p_ba) for a, b in zip(lv, tv)]
+        result["llamacpp_vs_transformers_max_abs_diff_per_order"] = round(max(diffs), 4)
 
     hh = pairs[: args.pairs]
     P, A, B = [p[0] for p in hh], [p[1] for p in hh], [p[2] for p in hh]
@@ -127,7 +136,8 @@ def main() -> None:
         t0 = time.perf_counter()
         vs = lv + lj.judge(P[len(lv):], A[len(lv):], B[len(lv):])
         result["hh_rlhf_llamacpp"] = bias_report(vs, hh) | {"seconds": round(time.perf_counter() - t0, 1)}
-    lj.close()
+    if not args.smoke:
+        lj.close()
     if args.hh_backend in ("transformers", "both"):
         t0 = time.perf_counter()
         vs = tv + tj.judge(P[len(tv):], A[len(tv):], B[len(tv):])
