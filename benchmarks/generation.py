@@ -42,7 +42,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for hf (default: torch's)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model, batch 2 x 4 new tokens; vLLM only when it imports")
     args = ap.parse_args(argv)
+    if args.smoke:
+        import importlib.util
+
+        from machine import smoke_model
+
+        args.model, args.batches, args.new_tokens = smoke_model(), [2], [4]
+        args.engines = [e for e in args.engines if e == "hf" or importlib.util.find_spec("vllm") is not None]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep stdout for the numbers

