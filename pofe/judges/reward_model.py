@@ -62,7 +62,9 @@ class RewardModelJudge:
         msgs = neutralise_messages(self.tokenizer, [{"role": "user", "content": prompt},
                                                     {"role": "assistant", "content": response}])
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(msgs, tokenize=False)
+            from pofe.models import render_chat_template  # bounded: a template is code from the model folder
+
+            return render_chat_template(self.tokenizer, msgs, add_generation_prompt=False)
         return f"{msgs[0]['content']}\n\n{msgs[1]['content']}"
 
     @torch.no_grad()
