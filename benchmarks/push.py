@@ -6,6 +6,7 @@ probe log-probs, then reloads the same weights and reads them again: the two mus
 differ from the round before). Times include the fp32 -> engine-dtype casts and the prefix-cache reset.
 
     python benchmarks/push.py [--rounds 4]
+    python benchmarks/push.py --smoke    # a tiny random model, 1 round: the script runs
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import time
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 round")
     args = ap.parse_args(argv)
+    if args.smoke:
+        from machine import smoke_model
+
+        args.model, args.rounds = smoke_model(), 1
 
     import torch
 
@@ -28,7 +35,7 @@ def main(argv=None) -> None:
 
     from machine import cpu_line  # benchmarks/machine.py: the CPU, named with every number
 
-    policy, tok = load_policy(ModelConfig(name="smollm2-135m-instruct"))
+    policy, tok = load_policy(ModelConfig(name=args.model))
     sampling = SamplingConfig(engine="vllm", vllm={"enforce_eager": False, "max_num_seqs": 16,
                                                    "max_num_batched_tokens": 1024})
     gen = generator_for(policy, tok, sampling)
