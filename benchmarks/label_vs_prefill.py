@@ -20,7 +20,7 @@ engine and is excluded on both sides); ratio = pofe / bare (target >= 0.8). pofe
 pofe time, not tokens.
 
     python benchmarks/label_vs_prefill.py --pairs 96 --batch 16 --rounds 2
-    python benchmarks/label_vs_prefill.py --smoke                 # 24 pairs, 8 per step, 1 round
+    python benchmarks/label_vs_prefill.py --smoke                 # a tiny random judge, 8 pairs, 4 per step, 1 round
 """
 
 from __future__ import annotations
@@ -127,10 +127,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a pofe label override after the benchmark's own (e.g. judge.vllm.kv_cache_tokens=16384)")
-    ap.add_argument("--smoke", action="store_true", help="24 pairs, 8 per step, 1 round")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random judge model, 8 pairs, 4 per step, 1 round")
     args = ap.parse_args()
     if args.smoke:
-        args.pairs, args.batch, args.rounds = 24, 8, 1
+        from machine import smoke_model
+
+        args.pairs, args.batch, args.rounds = 8, 4, 1
+        args.sets = [f"judge.model={smoke_model()}", *args.sets]
     print(cpu_line(), flush=True)
     work = Path(tempfile.mkdtemp(prefix="pofe-label-vs-prefill-"))
     pairs = work / "pairs.jsonl"
