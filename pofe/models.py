@@ -203,9 +203,12 @@ def adapter_base(adapter_dir: str | Path) -> str:
     """The base model *name* a saved LoRA adapter records (``adapter_config.json``)."""
     path = Path(adapter_dir) / "adapter_config.json"
     try:
-        return json.loads(path.read_text())["base_model_name_or_path"]
-    except (OSError, ValueError, KeyError) as e:
+        base = json.loads(path.read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ModelError(f"{path}: unreadable adapter config ({e})") from None
+    if not isinstance(base, str) or not base:  # was an AttributeError on None further down
+        raise ModelError(f"{path}: base_model_name_or_path is {base!r}, not the base model's name or folder")
+    return base
 
 
 def load_adapter(model, adapter_dir: str | Path, *, trainable: bool = False):
@@ -232,7 +235,7 @@ def load_adapter(model, adapter_dir: str | Path, *, trainable: bool = False):
     except Exception as e:  # noqa: BLE001 - peft's errors for a folder that does not fit: one line naming it
         if type(e).__name__ == "NoMatchingPeftModuleError" or "not found in the base model" in str(e):
             raise ModelError(f"{config}: target_modules {targets!r} match no module of the base model") from None
-        raise ModelError(f"{folder}: cannot apply the adapter ({type(e).__name__}: {_first_line(e)})") from None
+        raise ModelError(_load_failure(folder, folder, "cannot apply the adapter", e)) from None
     if os.path.lexists(weights):
         have = set(safetensors_header(weights)) - {"__metadata__"}
         want = set(get_peft_model_state_dict(wrapped))
@@ -247,6 +250,24 @@ def load_adapter(model, adapter_dir: str | Path, *, trainable: bool = False):
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _load_failure(folder: str | Path, where: str | Path, what: str, e: BaseException) -> str:
+    """The one line for weights that cannot be loaded. A pickle (``pytorch_model.bin``,
+    ``adapter_model.bin``) holding more than tensors is refused by torch's ``weights_only`` load,
+    whose message advises ``weights_only=False`` -- which would run the file's code: never
+    repeated here."""
+    import re
+
+    text = str(e)
+    if type(e).__name__ == "UnpicklingError" or "weights_only" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        pickles = [n for n in ("pytorch_model.bin", "adapter_model.bin") if os.path.exists(os.path.join(folder, n))]
+        where = os.path.join(folder, pickles[0]) if pickles else where
+        return (f"{where}: a pickle file holding more than tensors"
+                f"{f' (it names {found.group(1)})' if found else ''}; pofe loads only plain tensors from a pickle "
+                f"and never runs code from one: get a safetensors copy of the model from a source you trust")
+    return f"{where}: {what} ({type(e).__name__}: {_first_line(e)})"
 
 
 def _check_local(path: str) -> dict[str, Any] | None:
@@ -420,8 +441,7 @@ def load_model(
         except PofeError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever transformers raises for weights it cannot use: one line
-            raise ModelError(f"{_weights_file(path)}: cannot load the weights ({type(e).__name__}: "
-                             f"{_first_line(e)})") from None
+            raise ModelError(_load_failure(path, _weights_file(path), "cannot load the weights", e)) from None
         _check_loading_info(path, model, info, fresh_head=fresh_head)
         model.name_or_path = name_or_path
         model.config._name_or_path = name_or_path
@@ -465,6 +485,10 @@ def _check_architecture(path: str, config: dict[str, Any] | None, *, trust_remot
     if config.get("is_encoder_decoder"):
         raise ModelError(f"{where}: model_type {kind!r} is an encoder-decoder model; pofe trains causal "
                          f"(decoder-only) language models")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code and config.get("auto_map"):
+        raise ModelError(f"{where}: model_type {kind!r} needs the folder's own Python code (auto_map), which pofe runs "
+                         f"only with trust_remote_code: true (model.trust_remote_code, or the judge's): read that code "
+                         f"first")
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
         raise ModelError(f"{where}: model_type {kind!r} is not a causal language model transformers knows; pofe trains "
                          f"causal (decoder-only) language models")

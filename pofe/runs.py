@@ -108,6 +108,13 @@ class RunError(PofeError):
     exit_code = 2
 
 
+class RunFolderGone(RunError):
+    """A run folder (or a file pofe was appending to) deleted while the run was writing it: one
+    line, exit 1 (the environment, not the input)."""
+
+    exit_code = 1
+
+
 LOCK_NAME = ".lock"
 MANIFEST = "run.json"
 _HELD: dict[str, int] = {}  # resolved run dir -> open fd holding its flock (for the process's life)
@@ -560,6 +567,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write via a temporary file in the same folder + rename, so a crash never leaves a torn
     file and an existing link at ``path`` is replaced, never written through."""
     path = Path(path)
+    root = _root_of(path)
+    if root is not None and not os.path.isdir(root[0]):  # never re-create a run folder deleted mid-run
+        raise RunFolderGone(f"{root[0]}: the run folder was deleted while this run was writing it; {path.name} "
+                            f"and what the folder held are lost")
     path.parent.mkdir(parents=True, exist_ok=True)
     check_run_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -611,6 +622,11 @@ class JsonlWriter:
 
         self._f.write(json_line(_clean(row)) + "\n")
         self._f.flush()
+        if os.fstat(self._f.fileno()).st_nlink == 0:
+            # The file was deleted under us (its run folder removed mid-run): every row goes to an
+            # unlinked inode, and the summary read back "0/0 pairs" with exit 0. Stop, saying so.
+            raise RunFolderGone(f"{self.path}: deleted while this run was writing it (was the run folder removed?); "
+                                f"the rows written to it are lost")
 
     def close(self) -> None:
         self._f.close()

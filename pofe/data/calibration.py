@@ -190,7 +190,11 @@ def load_calibration(paths: Iterable[str | Path], *, limit: int | None = None, s
     """Items from files, folders (searched for calibration files) or named sources; ``limit``
     is the size of the whole set, split evenly over the sources (:func:`shares`; a seeded random
     subset of each; one source draws exactly as :func:`load_calibration_file`)."""
-    read = [_read_source(f, seed, skip_bad_rows) for p in paths for f in _files(Path(p))]
+    files = [f for p in paths for f in _files(Path(p))]
+    read = [_read_source(f, seed, skip_bad_rows) for f in files]
+    if files and not any(items for items, _ in read):  # "audit: the calibration set is empty" named no file
+        raise DataError(f"{', '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}: no calibration pairs "
+                        f"(an empty {'file' if len(files) == 1 else 'set of files'})")
     if limit is None:
         return [it for items, _ in read for it in items]
     n = shares([len(items) for items, _ in read], limit)

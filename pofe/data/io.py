@@ -383,9 +383,48 @@ def _read_file(path: Path, rows: Rows, skip: bool) -> None:
                         f"use {', '.join(FILE_SUFFIXES)} (optionally .gz) or a datasets save_to_disk folder")
 
 
+def _check_saved_dataset(path: Path) -> None:
+    """Name the damaged file of a ``save_to_disk`` folder (``datasets`` names only the folder, or
+    nothing: random bytes in ``state.json`` were a bare UnicodeDecodeError): its JSON files, and
+    the header of each Arrow shard its ``state.json`` lists, split folders included."""
+    import pyarrow as pa
+
+    def load(f: Path) -> Any:
+        try:
+            return json.loads(f.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{f}: not UTF-8 text (byte {e.start}); a damaged file of the datasets folder {path}") from None
+        except (ValueError, RecursionError) as e:
+            raise DataError(f"{f}: not valid JSON ({getattr(e, 'msg', type(e).__name__)}); a damaged file of the "
+                            f"datasets folder {path}") from None
+
+    folders = [path]
+    if (path / "dataset_dict.json").is_file():
+        splits = load(path / "dataset_dict.json")
+        splits = splits.get("splits") if isinstance(splits, dict) else None
+        folders += [path / s for s in splits or [] if isinstance(s, str) and s and "/" not in s and s not in (".", "..")]
+    for folder in folders:
+        if (folder / "dataset_info.json").is_file():
+            load(folder / "dataset_info.json")
+        state = load(folder / "state.json") if (folder / "state.json").is_file() else None
+        files = state.get("_data_files") if isinstance(state, dict) else None
+        for entry in files if isinstance(files, list) else []:
+            name = entry.get("filename") if isinstance(entry, dict) else None
+            shard = folder / name if isinstance(name, str) and name and "/" not in name else None
+            if shard is None or not shard.is_file():
+                continue  # datasets reports a missing shard itself
+            try:
+                with pa.OSFile(str(shard)) as f:
+                    pa.ipc.open_stream(f).schema  # noqa: B018 -- reading the header is the check
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise DataError(f"{shard}: not a readable Arrow shard ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())}); a damaged file of the datasets folder {path}") from None
+
+
 def _read_saved_dataset(path: Path, rows: Rows, split: str | None) -> None:
     import datasets
 
+    _check_saved_dataset(path)
     try:
         ds = datasets.load_from_disk(str(path))
     except Exception as e:  # datasets raises several types for a bad folder; one line here

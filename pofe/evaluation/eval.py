@@ -308,8 +308,8 @@ def collect_counted(cfg: EvalConfig, generator=None) -> tuple[list[str], list[li
         if len(prompts) < available:
             log.info("eval: data.max_prompts=%d compares the first %d of %d prompts", cfg.data.max_prompts,
                      len(prompts), available)
-    if not prompts:
-        raise ValueError("eval: no prompts to compare on")
+    if not prompts:  # name the file that gave none (an empty responses or prompt file)
+        raise ValueError(f"{source}: no prompts to compare on (an empty file?)")
     counts = {"available": available, "used": len(prompts), "limited": available - len(prompts)}
     sides = [[files[spec][p] for p in prompts] if spec in files else gen(spec, prompts, cfg) for spec in specs]
     return prompts, sides, counts

@@ -381,3 +381,163 @@ def test_a_prompt_longer_than_the_context_is_one_line_naming_it(tiny_model, toke
                         f"tokens; shorten it or leave it out of the prompts")
     out = generate(tiny_model, tokenizer, ["short one"], sampling=SamplingConfig(max_new_tokens=4))
     assert len(out) == 1 and len(out[0][0].token_ids) <= 4  # a prompt that fits still samples
+
+
+# ----------------------------------------------------------------------------- point 8: leftovers of the 220
+
+def _saved_dataset(tmp_path: Path) -> Path:
+    import datasets
+
+    d = tmp_path / "ds"
+    datasets.Dataset.from_list([{"prompt": "Q?", "response_a": "a", "response_b": "bb"}] * 3).save_to_disk(str(d))
+    return d
+
+
+def test_a_save_to_disk_folder_with_a_damaged_json_file_names_the_file(tmp_path):
+    """Random bytes in a save_to_disk folder's state.json were a bare UnicodeDecodeError."""
+    d = _saved_dataset(tmp_path)
+    (d / "state.json").write_bytes(b"\xff" * 64)
+    res = invoke("judge", str(d), "--set", "judge.kind=length", "--set", f"run.output_dir={tmp_path / 'runs'}")
+    assert error_lines(res) == [f"error: {d / 'state.json'}: not UTF-8 text (byte 0); a damaged file of the datasets "
+                                f"folder {d}"], res.stderr
+    assert res.returncode == 2
+
+
+def test_a_save_to_disk_shard_of_random_bytes_names_the_shard(tmp_path):
+    d = _saved_dataset(tmp_path)
+    (shard,) = d.glob("*.arrow")
+    shard.write_bytes(b"\xff" * 4096)
+    res = invoke("judge", str(d), "--set", "judge.kind=length", "--set", f"run.output_dir={tmp_path / 'runs'}")
+    assert error_lines(res) == [f"error: {shard}: not a readable Arrow shard (OSError: Invalid IPC message: negative "
+                                f"metadata length); a damaged file of the datasets folder {d}"], res.stderr
+    assert res.returncode == 2
+
+
+def test_a_run_folder_deleted_mid_run_is_one_line_and_never_recreated(tmp_path, monkeypatch):
+    """The summary said "0/0 pairs labelled" with exit 0 (rows went to unlinked files, and the
+    final writes re-created an empty folder); in other commands a TypeError formatting it."""
+    import shutil
+
+    import pofe.loops.label as label_loop
+
+    run_dir = tmp_path / "runs" / "gone"
+
+    def delete_the_folder(name: str) -> None:
+        if name == "2:before_metrics":  # batch 2's rows written, its metrics row not
+            shutil.rmtree(run_dir)
+
+    monkeypatch.setattr(label_loop, "fault_point", delete_the_folder)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Q{i}?", "response_a": "x" * (i + 1), "response_b": "y" * (2 * i + 3)})
+                             + "\n" for i in range(6)))
+    res = invoke("label", "--pairs", str(pairs), "--set", "judge.kind=length", "--set", "train.batch_size=2",
+                 "--set", "log.progress=false", "--set", "log.tensorboard=false",
+                 "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.name=gone")
+    assert error_lines(res) == [f"error: {run_dir / 'metrics.jsonl'}: deleted while this run was writing it (was the "
+                                f"run folder removed?); the rows written to it are lost"], res.stderr
+    assert res.returncode == 1
+    assert not run_dir.exists()
+
+
+def test_atomic_writes_never_recreate_a_deleted_run_folder(tmp_path):
+    from pofe.runs import RunFolderGone, atomic_write_text, guard_run_dir
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    guard_run_dir(run_dir)
+    atomic_write_text(run_dir / "final" / "a.json", "{}")
+    run_dir.rename(tmp_path / "moved")
+    with pytest.raises(RunFolderGone) as e:
+        atomic_write_text(run_dir / "final" / "summary.json", "{}")
+    assert str(e.value) == (f"{run_dir}: the run folder was deleted while this run was writing it; summary.json and "
+                            f"what the folder held are lost")
+    assert not run_dir.exists()
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_pickle_holding_code_is_refused_without_advising_weights_only_false(tmp_path, tokenizer, monkeypatch):
+    """torch's refusal says "Re-running torch.load with weights_only set to False will likely
+    succeed" -- which would run the planted code; the line was torch's."""
+    import torch
+
+    from pofe.models import ModelError, load_model, tiny_causal_lm
+
+    monkeypatch.chdir(tmp_path)
+    d = tmp_path / "model"
+    model = tiny_causal_lm(tokenizer)
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    (d / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "x": _Evil()}, d / "pytorch_model.bin")
+    with pytest.raises(ModelError) as e:
+        load_model(str(d))
+    assert str(e.value) == (f"{d / 'pytorch_model.bin'}: a pickle file holding more than tensors (it names "
+                            f"{os.system.__module__}.system); pofe loads only plain tensors from a pickle and never runs "
+                            f"code from one: get a safetensors copy of the model from a source you trust")
+    assert "weights_only" not in str(e.value)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_an_adapter_pickle_holding_code_is_refused_the_same_way(tmp_path, tokenizer, monkeypatch):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from pofe.models import ModelError, load_model, tiny_causal_lm
+
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "base"
+    tiny_causal_lm(tokenizer).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    a = tmp_path / "adapter"
+    get_peft_model(tiny_causal_lm(tokenizer), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(a)
+    cfg = json.loads((a / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] is None  # a model built in memory names no base
+    with pytest.raises(ModelError) as e:
+        load_model(str(a))
+    assert str(e.value) == (f"{a / 'adapter_config.json'}: base_model_name_or_path is None, not the base model's name "
+                            f"or folder")  # was an AttributeError on None
+    (a / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": str(base)}))
+    (a / "adapter_model.safetensors").unlink()
+    torch.save({"x": _Evil()}, a / "adapter_model.bin")
+    with pytest.raises(ModelError) as e:
+        load_model(str(a))
+    assert str(e.value).startswith(f"{a / 'adapter_model.bin'}: a pickle file holding more than tensors (it names ")
+    assert "weights_only" not in str(e.value)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_model_folder_that_needs_remote_code_says_so(tmp_path, tokenizer):
+    from pofe.models import ModelError, load_model, tiny_causal_lm
+
+    d = tmp_path / "remote"
+    tiny_causal_lm(tokenizer).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="xmodel", architectures=["XForCausalLM"],
+               auto_map={"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"})
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError) as e:
+        load_model(str(d))
+    assert str(e.value) == (f"{d / 'config.json'}: model_type 'xmodel' needs the folder's own Python code (auto_map), "
+                            f"which pofe runs only with trust_remote_code: true (model.trust_remote_code, or the "
+                            f"judge's): read that code first")
+
+
+def test_audit_of_an_empty_file_names_the_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = invoke("audit", str(empty), "--judge", "length")
+    assert error_lines(res) == [f"error: {empty}: no calibration pairs (an empty file)"], res.stderr  # was "the calibration set is empty"
+    assert res.returncode == 2
+
+
+def test_eval_of_empty_responses_files_names_the_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = invoke("eval", str(empty), str(empty), "--judge", "length")
+    assert error_lines(res) == [f"error: {empty}: no prompts to compare on (an empty file?)"], res.stderr  # named none
+    assert res.returncode == 2
