@@ -374,3 +374,33 @@ def test_online_resume_refuses_a_deleted_ledger(tmp_path, tiny_model_dir):
     assert str(e.value) == (f"{ledger}: deleted after checkpoint step-2, which counted {rows} rows, {size} bytes in "
                             f"it; a resume would never redo them: put the file back or start a new run")
     assert not ledger.exists() and os.path.exists(tmp_path / "r" / "final" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_label_resume_past_a_damaged_checkpoint_says_so_and_loses_nothing(tmp_path):
+    """On the command line: the fallback is one warning line on stderr, the run exits 0, and every
+    label is there once, as in the first run (the rows after step 5 redone, the old ones kept aside)."""
+    from _cli import pofe
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Q{i}?", "response_a": "x" * (i + 1), "response_b": "y" * (2 * i + 3)})
+                             + "\n" for i in range(12)))
+    args = ["label", "--pairs", str(pairs), "--set", "judge.kind=length", "--set", "train.batch_size=2",
+            "--set", "log.progress=false", "--set", "log.tensorboard=false", "--set", f"run.output_dir={tmp_path}",
+            "--set", "run.name=r"]
+    assert pofe(*args).returncode == 0
+    run = tmp_path / "r"
+    labels = read_jsonl(run / "labels.jsonl")
+    assert len(labels) == 12 and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-5", "step-6"]
+    state = run / "checkpoints" / "step-6" / "trainer_state.json"
+    size = state.stat().st_size
+    state.write_text(state.read_text().replace('"step": 6', '"step": 99'))
+    res = pofe("label", "--resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    warned = [ln for ln in res.stderr.splitlines() if "WARNING" in ln and "checkpoint" in ln]
+    assert len(warned) == 1 and warned[0].endswith(
+        f"{state}: {size + 1} bytes where manifest.json records {size} (changed after it was written: cut short, "
+        f"emptied, edited or replaced); the checkpoint is damaged; resuming from step-5 instead, the newest intact "
+        f"checkpoint")
+    assert read_jsonl(run / "labels.jsonl") == labels
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == 5
