@@ -340,23 +340,26 @@ def render_chat_template(tokenizer, messages: list[dict[str, str]], *, add_gener
             past :data:`TEMPLATE_SECONDS`, or wrote more than :data:`TEMPLATE_OUTPUT` allows; one
             line naming the file that holds it.
     """
-    where = _template_file(tokenizer)
+    def refused(why: str) -> ModelError:  # the file is looked up only on failure (renders are many)
+        return ModelError(f"{_template_file(tokenizer)}: the chat template {why}")
+
     try:
         out = _bounded(lambda: tokenizer.apply_chat_template(messages, tokenize=False,
                                                              add_generation_prompt=add_generation_prompt),
                        TEMPLATE_SECONDS)
     except _TemplateTimeout:
-        raise ModelError(f"{where}: the chat template did not finish rendering in {TEMPLATE_SECONDS:g} s (a template "
-                         f"that loops without bound is refused)") from None
+        raise refused(f"did not finish rendering in {TEMPLATE_SECONDS:g} s (a template that loops without bound "
+                      f"is refused)") from None
     except PofeError:
         raise
     except Exception as e:  # noqa: BLE001 - jinja's TemplateError, SecurityError, a filter's TypeError: the template's fault
-        raise ModelError(f"{where}: the chat template failed ({type(e).__name__}: {_first_line(e)})") from None
+        raise refused(f"failed ({type(e).__name__}: {_first_line(e)})") from None
     fixed, times = TEMPLATE_OUTPUT
     n = sum(len(str(m.get("content", ""))) for m in messages)
     if not isinstance(out, str) or len(out) > fixed + times * n:
-        raise ModelError(f"{where}: the chat template wrote {len(out) if isinstance(out, str) else type(out).__name__} "
-                         f"characters for a {n}-character conversation (at most {fixed + times * n}); refused")
+        wrote = len(out) if isinstance(out, str) else type(out).__name__
+        raise refused(f"wrote {wrote} characters for a {n}-character conversation (at most {fixed + times * n}); "
+                      f"refused")
     return out
 
 
