@@ -103,12 +103,17 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="pofe train.precision=bf16, TRL bf16=True (autocast, fp32 weights)")
     ap.add_argument("--pofe-set", dest="pofe_sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a pofe rl override after the pairing's own (e.g. sampling.engine=vllm); repeatable")
-    ap.add_argument("--smoke", action="store_true", help="1 round, 2 prompts x 2 samples, 16 new tokens, 3 steps")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 round, 2 prompts x 2 samples, 16 new tokens, 2 steps; pofe on a tiny random model, TRL on "
+                         "$TRL_ANCHOR_DIR's model (tests point the anchor at a tiny one)")
     ap.add_argument("--side", choices=["pofe"], help=argparse.SUPPRESS)  # internal: one pofe run
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.smoke:
-        args.rounds, args.batch, args.group, args.max_new_tokens, args.steps = 1, 2, 2, 16, 3
+    if args.smoke and args.side is None:
+        from machine import smoke_model
+
+        args.rounds, args.batch, args.group, args.max_new_tokens, args.steps = 1, 2, 2, 16, 2
+        args.pofe_sets = [f"model.name={smoke_model()}", *args.pofe_sets]
     shape = dict(steps=args.steps, batch=args.batch, group=args.group, max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, bf16=args.bf16)
     if args.side == "pofe":

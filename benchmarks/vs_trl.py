@@ -6,6 +6,7 @@ first excluded) on the same prompts (``../shared/anchors/trl/bench_prompts.jsonl
 and load change absolute times, not the ratio of a paired run, so report medians of rounds.
 
     python benchmarks/vs_trl.py --rounds 2 --pofe="--precision bf16 --judge-dtype bfloat16" --trl=--bf16
+    python benchmarks/vs_trl.py --smoke    # 1 round, 2 steps; pofe on a tiny random model (online_step.py --smoke)
 
 Needs the TRL anchor environment: ``bash ../shared/anchors/trl/setup.sh`` (once).
 """
@@ -70,7 +71,13 @@ def main() -> None:
     ap.add_argument("--trl-allocators", default="glibc",
                     help="comma-separated: glibc (TRL as it ships), tcmalloc (TRL with the tcmalloc pofe preloads); "
                          "each round runs TRL once per allocator, after pofe")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 round of 2 steps of 2 prompts x 4 new tokens; pofe: online_step.py --smoke (a tiny random "
+                         "model); TRL: trl_online_shape.py on the anchor's model ($TRL_ANCHOR_DIR: tests point it at a "
+                         "tiny one)")
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.steps, args.pofe = 1, 2, f"{args.pofe} --smoke"
     allocators = [a.strip() for a in args.trl_allocators.split(",") if a.strip()]
     if not allocators or set(allocators) - {"glibc", "tcmalloc"}:
         sys.exit(f"--trl-allocators: glibc and/or tcmalloc, got {args.trl_allocators!r}")
@@ -83,7 +90,8 @@ def main() -> None:
         print(f"round {r + 1} pofe: {p['seconds_per_step']} s/step  split {p.get('time_split_s')}  "
               f"peak RSS {p.get('peak_rss_gb')} GB  allocator {p.get('allocator', 'glibc')}", flush=True)
         for a in allocators:
-            t = run_trl(args.trl, args.steps, allocator=a)
+            t = (run_trl(f"{args.trl} --batch 2 --max-new-tokens 4", args.steps, HERE / "trl_online_shape.py", a)
+                 if args.smoke else run_trl(args.trl, args.steps, allocator=a))  # smoke: TRL at pofe's smoke shape
             trl[a].append(t)
             print(f"round {r + 1} TRL ({a}): {t.get('seconds_per_step')} s/step  peak RSS {t.get('peak_rss_gb')} GB  "
                   f"ratio {t['seconds_per_step'] / p['seconds_per_step']:.2f}x", flush=True)
