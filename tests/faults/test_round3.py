@@ -66,6 +66,38 @@ def test_report_of_a_received_audit_escapes_every_field_numbers_included(tmp_pat
     assert f"on {ESCAPED} calibration pairs ({ESCAPED} parsed, {ESCAPED} with a human A/B label)" in page
 
 
+def _hostile_run(d: Path, command: str, v) -> Path:
+    """A received run folder of ``command`` whose every value is ``v`` (markup, or a type pofe never
+    writes there)."""
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"format": 1, "command": command}))
+    keys = ["step", "loss", "kl", "objective/kl", "reward", "winrate_vs_init", "mean_len", "judge", "p_hist"]
+    (d / "metrics.jsonl").write_text("".join(json.dumps({k: v for k in keys}) + "\n" for _ in range(3)))
+    (d / "summary.json").write_text(json.dumps({k: v for k in ("steps", "eval_before", "eval_after", "shaping")}))
+    (d / "labels.jsonl").write_text(json.dumps({"prompt": v, "response_a": v, "response_b": v, "p": v}) + "\n")
+    (d / "config.yaml").write_text(f"reward: {json.dumps(v)}\n")
+    (d / "iter_1" / "data").mkdir(parents=True)
+    (d / "iter_1" / "metrics.json").write_text(json.dumps({k: v for k in ("winrate", "head_to_head_vs_prev")}))
+    (d / "iter_1" / "data" / "candidates.jsonl").write_text(json.dumps({"prompt": v, "scores": v, "responses": v}) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("command", ["online", "rl", "rm", "label", "self-reward"])
+@pytest.mark.parametrize("value", [XSS, {"nested": XSS}, 7])
+def test_report_of_a_received_run_folder_with_values_of_any_type(tmp_path, command, value):
+    """A string or a dict where pofe writes a number or a section was an internal error
+    (``'str' object has no attribute 'get'`` in the flags, the rl and self-reward plots); that
+    part of the page is now left out, and nothing from the folder is written unescaped."""
+    d = _hostile_run(tmp_path / "r", command, value)
+    res = invoke("report", str(d))
+    assert res.returncode == 0, res.stderr
+    page = (d / "report" / "report.html").read_text(encoding="utf-8")
+    assert "<script" not in page
+    assert f"<h1>pofe report: r ({command})</h1>" in page
+    if value != 7:
+        assert ESCAPED in page  # summary.json is shown, escaped
+
+
 def test_audit_page_formats_numbers_as_before():
     from pofe.evaluation.report.audit_page import audit_html
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 from pofe.evaluation.report.audit_page import _CSS, audit_html
 from pofe.evaluation.report.figures import _series
-from pofe.evaluation.report.plots import make_plots
+from pofe.evaluation.report.plots import MALFORMED, make_plots
 from pofe.evaluation.report.run import Plot, RunData, _num, load_run
+
+log = logging.getLogger(__name__)
 
 
 def _kl_flags(rows, key: str = "kl") -> list[str]:
@@ -105,13 +108,25 @@ def _summary_rows(run: RunData) -> list[tuple[str, str]]:
     return rows
 
 
-def render_html(run: RunData, plots: list[Plot]) -> str:
+def _tolerant(section: str, fn, run: RunData, default):
+    """``fn(run)``, or ``default`` with a warning when the folder's values are not the types pofe
+    writes (a received folder: any value may be anything)."""
+    try:
+        return fn(run)
+    except MALFORMED as e:
+        log.warning("report: %s: the %s left out: malformed values in the folder (%s: %s)", run.run_dir, section,
+                    type(e).__name__, " ".join(str(e).split())[:200])
+        return default
+
+
+def render_html(run: RunData, plots: list[Plot], fl: list[str] | None = None) -> str:
     title = f"pofe report: {run.run_dir.name} ({run.kind})"
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<table>"]
-    parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _summary_rows(run)]
+    parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+              for k, v in _tolerant("summary table", _summary_rows, run, [])]
     parts.append("</table>")
-    fl = flags(run)
+    fl = _tolerant("flags", flags, run, []) if fl is None else fl
     if fl:
         parts.append("<h2>Flags</h2>" + "".join(f"<div class='flag'>{html.escape(f)}</div>" for f in fl))
     if not plots:
@@ -121,7 +136,7 @@ def render_html(run: RunData, plots: list[Plot]) -> str:
         parts.append(f"<figure id='{p.name}'><h2>{html.escape(p.title)}</h2>"
                      f"<img alt='{html.escape(p.title)}' src='data:image/png;base64,{b64}'>"
                      f"<figcaption>{html.escape(p.caption)} ({p.name}.png)</figcaption></figure>")
-    smp = samples(run)
+    smp = _tolerant("sample generations", samples, run, [])
     if smp:
         heads = {"label": ("response A", "response B"),
                  "self-reward": ("lowest-scored", "highest-scored")}.get(run.kind, ("before", "after"))
@@ -165,7 +180,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         atomic_write_bytes(path, p.png)
         pngs.append(str(path))
     html_path = out / "report.html"
-    atomic_write_text(html_path, render_html(run, plots))
+    fl = _tolerant("flags", flags, run, [])
+    atomic_write_text(html_path, render_html(run, plots, fl))
     return {"run_dir": str(run.run_dir), "kind": run.kind, "html": str(html_path), "pngs": pngs,
-            "plots": [p.name for p in plots], "flags": flags(run), "metrics_rows": len(run.metrics),
+            "plots": [p.name for p in plots], "flags": fl, "metrics_rows": len(run.metrics),
             "annotations": len(run.ledger_p), "iterations": [n for n, _ in run.iterations]}

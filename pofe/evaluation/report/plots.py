@@ -5,6 +5,8 @@ plots are one module in this package and one entry here."""
 
 from __future__ import annotations
 
+import logging
+
 from pofe.evaluation.report.audit import _audit_plots
 from pofe.evaluation.report.cai import _cai_plots
 from pofe.evaluation.report.label import _label_plots
@@ -14,8 +16,16 @@ from pofe.evaluation.report.rm import _rm_plots
 from pofe.evaluation.report.run import Plot, RunData
 from pofe.evaluation.report.self_reward import _self_reward_plots
 
+log = logging.getLogger(__name__)
+
 PLOTS = {"online": _online_plots, "self-reward": _self_reward_plots, "label": _label_plots, "rm": _rm_plots,
          "rl": _rl_plots, "cai-revise": _cai_plots, "audit": _audit_plots}
+
+
+MALFORMED = (TypeError, ValueError, AttributeError, KeyError, IndexError)
+"""What a plot or page section raises on a received folder whose values are not the types pofe
+writes (a dict where a number goes, a string where a dict goes): that part is left out, with a
+warning, never an internal error."""
 
 
 def make_plots(run: RunData) -> list[Plot]:
@@ -26,5 +36,9 @@ def make_plots(run: RunData) -> list[Plot]:
             plots.append(Plot(name, title, caption, png))
 
     # a command without plots of its own (sft, judge) gets the generic metrics curves
-    PLOTS.get(run.kind, _online_plots)(run, add)
+    try:
+        PLOTS.get(run.kind, _online_plots)(run, add)
+    except MALFORMED as e:  # the plots drawn before it stay
+        log.warning("report: %s: plots after %d left out: malformed values in the folder (%s: %s)", run.run_dir,
+                    len(plots), type(e).__name__, " ".join(str(e).split())[:200])
     return plots
