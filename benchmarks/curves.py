@@ -78,7 +78,7 @@ def bf16_gflops(n: int = 2048, reps: int = 8) -> float:
     return 2 * n**3 * reps / best / 1e9
 
 
-def token_sizes() -> dict[str, float]:
+def token_sizes(model_name: str = "smollm2-135m-instruct") -> dict[str, float]:
     """Policy parameters, the mean chat-rendered prompt length and the judge template's own tokens."""
     import re
 
@@ -86,7 +86,7 @@ def token_sizes() -> dict[str, float]:
     from pofe.judges.templates import load_template
     from pofe.models import apply_chat_template, load_model
 
-    model, tok = load_model("smollm2-135m-instruct")
+    model, tok = load_model(model_name)
     params = sum(p.numel() for p in model.parameters())
     del model
     prompts = [json.loads(x)["prompt"] for x in PROMPTS.read_text().splitlines() if x.strip()]
@@ -177,7 +177,10 @@ def main() -> None:
     ap.add_argument("--pofe", default=None, help="online_step.py flags (default: best-setting.txt, else setting B)")
     ap.add_argument("--trl", default="--bf16", help="trl_bench.py flags")
     ap.add_argument("--out", default=None, help="folder for curves.json and curves.png (default: benchmarks/)")
-    ap.add_argument("--smoke", action="store_true", help="the bar point only, 2 steps, 1 round, written to a temp dir")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one point (2 prompts x 2 samples x 4 new tokens), 2 steps, 1 round, to a temp dir; pofe: "
+                         "online_step.py --smoke (a tiny random model, hf engine and llm judge unless --pofe says "
+                         "otherwise); TRL: the anchor's model ($TRL_ANCHOR_DIR: tests point it at a tiny one)")
     ap.add_argument("--from-json", default=None, metavar="FILE",
                     help="no runs: redo the floors, table and plot of a curves.json (its CPU's measured rate)")
     args = ap.parse_args()
@@ -185,16 +188,23 @@ def main() -> None:
         replot(Path(args.from_json), Path(args.out) if args.out else None)
         return
     axes = {k: (BAR[k],) for k in AXES} if args.smoke else AXES
+    smoke_model = None
     if args.smoke:
+        from machine import smoke_model as make_smoke_model
+
         args.rounds, args.steps = 1, 2
         args.out = args.out or tempfile.mkdtemp(prefix="pofe-curves-")
+        BAR.update(prompts=2, new_tokens=4)  # the one point of a smoke run
+        axes = {k: (BAR[k],) for k in AXES}
+        args.pofe = f"{args.pofe or ''} --smoke"
+        smoke_model = make_smoke_model()
     out = Path(args.out) if args.out else HERE
     pofe_flags = args.pofe if args.pofe is not None else best_flags()
     shlex.split(pofe_flags)  # a bad quote fails here, not after an hour of runs
     cpu = cpu_line()
     print(cpu, flush=True)
-    gflops = bf16_gflops()
-    sizes = token_sizes()
+    gflops = bf16_gflops(256, 2) if args.smoke else bf16_gflops()
+    sizes = token_sizes(smoke_model) if args.smoke else token_sizes()
     print(f"bf16 matmul {gflops:.0f} GFLOP/s; policy {sizes['params'] / 1e6:.1f} M parameters; prompt "
           f"{sizes['prompt_tokens']:.1f} tokens, judge template {sizes['judge_template_tokens']} tokens", flush=True)
     print(f"pofe: {pofe_flags} | TRL: {args.trl}", flush=True)
