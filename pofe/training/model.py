@@ -104,12 +104,12 @@ def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
 
         model = no_hub_lookup_at_save(load_adapter(model, cfg.adapter, trainable=True))
     elif cfg.lora.enabled:
-        _check_lora_targets(model, cfg.lora.target_modules)
+        check_lora_targets(model, cfg.lora.target_modules)
         model = apply_lora(model, cfg.lora)
     return model, tokenizer
 
 
-def _check_lora_targets(model, targets: list[str] | str) -> None:
+def check_lora_targets(model, targets: list[str] | str) -> None:
     """Refuse ``model.lora.target_modules`` that match no module of the model, with one line (peft
     raises its own exception from deep inside). Matched as peft does: a list by a name's last
     components, a string as a regular expression over the whole name, ``all-linear`` always."""

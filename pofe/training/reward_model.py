@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training.model import ModelConfig, no_hub_lookup_at_save
+from pofe.training.model import ModelConfig, check_lora_targets, no_hub_lookup_at_save
 
 
 def rm_text(tokenizer, prompt: str | Sequence[dict[str, str]], response: str) -> str:
@@ -86,6 +86,8 @@ def wrap_reward_model(model, cfg: ModelConfig, *, pad_token_id: int | None = Non
         model.config.use_cache = False
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
+
+        check_lora_targets(model, cfg.lora.target_modules)  # one line, not peft's exception from deep inside
 
         lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                         target_modules=cfg.lora.target_modules, task_type="SEQ_CLS")

@@ -304,3 +304,12 @@ def test_the_cli_prints_the_one_line_and_leaves_no_run_folder(tmp_path, folder):
     assert res.stderr.strip().splitlines()[-1].startswith(
         f"error: {folder}/model.safetensors: lacks 18 weights that {folder}/config.json describes, e.g. [")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_reward_models_lora_target_modules_matching_nothing_is_one_line(tiny_model_dir):
+    from pofe.training import LoraSettings, ModelConfig
+    from pofe.training.reward_model import load_reward_model
+
+    cfg = ModelConfig(name=str(tiny_model_dir), device="cpu", lora=LoraSettings(enabled=True, target_modules=["qproj"]))
+    assert _refused(lambda: load_reward_model(cfg)).startswith(
+        f"model.lora.target_modules ['qproj']: match no module of the model {str(tiny_model_dir)!r} (its modules end in e.g. [")
