@@ -291,6 +291,7 @@ def test_resume_refuses_a_base_model_folder_whose_weights_were_replaced(tmp_path
                             f"start a new run")
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_one_line_and_leaves_no_run_folder(tmp_path, folder):
     """What the user sees: ``error: <line>``, exit 2, and no run folder with nothing computed in it."""
     from _cli import invoke
