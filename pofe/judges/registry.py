@@ -104,7 +104,12 @@ def make_backend(cfg, kind: str, **runtime):
     except PluginError as e:
         raise JudgeConfigError(str(e)) from None
     if kind not in BACKENDS:  # a plugin's: it reads what it needs from the judge config itself
-        return cls(cfg, **runtime)
+        from pofe.plugins import call_error
+
+        try:
+            return PluginBackend(kind, cls(cfg, **runtime))
+        except (Exception, SystemExit) as e:
+            raise call_error("pofe.judge_backends", kind, "to build its backend", e) from e
     if kind == "transformers":
         return cls(cfg.model, model=runtime.get("model"), tokenizer=runtime.get("tokenizer"),
                    revision=cfg.revision, dtype=cfg.dtype, device=cfg.device,
@@ -248,6 +253,25 @@ def build_judge(cfg, **runtime):
     return judge
 
 
+class PluginBackend:
+    """A plugin backend, contained: each of its methods that raises or exits (``read_choices``,
+    ``generate``, ...) is one line naming the plugin and its package
+    (:func:`pofe.plugins.contained`); its attributes (``kind``, ``stats``, ``fingerprint``) are its own."""
+
+    def __init__(self, plugin: str, inner: Any):
+        self._plugin, self._inner = plugin, inner
+
+    def __getattr__(self, name: str) -> Any:
+        from pofe.plugins import contained
+
+        v = getattr(self.__dict__["_inner"], name)
+        return contained("pofe.judge_backends", self.__dict__["_plugin"], v) if callable(v) and not isinstance(v, type) else v
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # what a judge sets on its backend is the backend's own
+        object.__setattr__(self, name, value) if name in ("_plugin", "_inner") else setattr(self._inner, name, value)
+
+
 class PluginJudge:
     """A plugin kind's judge, contained: what its ``judge`` / ``score`` raises (or an exit), a
     verdict count that is not the batch's, and a probability or score that is not a finite number
@@ -255,36 +279,41 @@ class PluginJudge:
     never an internal error or a NaN row; the rows a command wrote before stay. Everything else
     is the plugin's own object."""
 
-    def __init__(self, kind: str, inner: Any):
-        self.kind, self.inner = kind, inner
+    def __init__(self, plugin: str, inner: Any):
+        self._plugin, self._inner = plugin, inner  # private names: the judge's own attributes show through
         if hasattr(inner, "judge"):  # only the methods the plugin has (callers test with hasattr)
             self.judge = self._judge
         if hasattr(inner, "score"):
             self.score = self._score
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["inner"], name)
+        return getattr(self.__dict__["_inner"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a caller's attribute (a budget, a price) is the judge's own; the wrapper keeps only its own three
+        own = ("_plugin", "_inner", "judge", "score")
+        object.__setattr__(self, name, value) if name in own else setattr(self._inner, name, value)
 
     def _call(self, method: str, prompts, *args, **kwargs) -> list:
         from pofe.plugins import call_error
 
         try:
-            out = getattr(self.inner, method)(prompts, *args, **kwargs)
+            out = getattr(self._inner, method)(prompts, *args, **kwargs)
         except (Exception, SystemExit) as e:
-            raise call_error("pofe.judges", self.kind, f"in {method}() on a batch of {len(prompts)}", e) from e
+            raise call_error("pofe.judges", self._plugin, f"in {method}() on a batch of {len(prompts)}", e) from e
         try:
             out = list(out)
         except TypeError:
             out = None
         if out is None or len(out) != len(prompts):
             got = "a " + type(out).__name__ if out is None else f"{len(out)} verdicts"
-            raise call_error("pofe.judges", self.kind, f"in {method}(): it returned {got} for {len(prompts)} items")
+            raise call_error("pofe.judges", self._plugin, f"in {method}(): it returned {got} for {len(prompts)} items")
         return out
 
     def _bad(self, method: str, i: int, what: str, v: Any):
         from pofe.plugins import call_error
 
-        return call_error("pofe.judges", self.kind, f"in {method}(): verdict {i} has {what} = {v!r} "
+        return call_error("pofe.judges", self._plugin, f"in {method}(): verdict {i} has {what} = {v!r} "
                                                     f"(a finite number{' in [0, 1]' if what != 'score' else ''} or None)")
 
     def _judge(self, prompts, responses_a, responses_b, **kwargs) -> list:

@@ -222,7 +222,14 @@ class PluginReward(RewardFn):
         self.id = getattr(fn, "id", None) or f"plugin:{name}"
 
     def __call__(self, prompts, completions):
-        out = self.fn(list(prompts), list(completions))
+        from pofe.plugins import call_error
+
+        try:
+            out = self.fn(list(prompts), list(completions))
+        except PluginError:
+            raise
+        except (Exception, SystemExit) as e:  # the plugin's failure, named: never an internal error
+            raise call_error("pofe.rewards", self.name, f"on {len(completions)} completions", e) from e
         where = f"reward plugin {self.name!r}"
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise PluginError(f"{where} returned {type(out).__name__}, not a (rewards, info dict) pair")

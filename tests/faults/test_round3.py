@@ -573,3 +573,32 @@ def test_eval_of_empty_responses_files_names_the_file(tmp_path):
     res = invoke("eval", str(empty), str(empty), "--judge", "length")
     assert error_lines(res) == [f"error: {empty}: no prompts to compare on (an empty file?)"], res.stderr  # named none
     assert res.returncode == 2
+
+
+def test_a_plugin_backend_or_reward_that_raises_is_named(tmp_path, installed):
+    """A backend's or reward's raise was an internal error naming neither the plugin nor its package."""
+    from pofe.judges.config import parse_judge_config
+    from pofe.judges.registry import build_judge
+    from pofe.plugins import PluginCallError
+    from pofe.records import Completion
+    from pofe.training.rl import plugin_reward
+
+    code = ("from pofe.judges.base import BackendStats\n"
+            "class Backend:\n    kind, fingerprint, cacheable, special_strings = 'r3-be', 'r3', False, ()\n"
+            "    def __init__(self, cfg, **runtime):\n        self.stats = BackendStats()\n"
+            "    def validate_choices(self, *a, **k):\n        pass\n"
+            "    def close(self):\n        pass\n"
+            "    def read_choices(self, *a, **k):\n        raise OSError('socket closed')\n"
+            "    def generate(self, *a, **k):\n        raise OSError('socket closed')\n"
+            "def reward(prompts, completions):\n    raise KeyError('score')\n")
+    installed(_fake_dist(tmp_path / "site", "pofe-r3-be", "[pofe.judge_backends]\nr3-be = r3_be:Backend\n"
+                         "[pofe.rewards]\nr3-reward = r3_be:reward\n", "r3_be", code))
+    judge = build_judge(parse_judge_config({"kind": "rubric", "backend": "r3-be"}))
+    with pytest.raises(PluginCallError) as e:
+        judge.score(["q"], ["a"])
+    assert str(e.value) == ("judge backend plugin 'r3-be' (package pofe-r3-be 0.1) failed when called: "
+                            "OSError: socket closed")
+    comps = [Completion(prompt="q", text="a", token_ids=[1], prompt_token_ids=[2])]
+    with pytest.raises(PluginCallError) as e:
+        plugin_reward("r3-reward")(["q"], comps)
+    assert str(e.value) == "reward function plugin 'r3-reward' (package pofe-r3-be 0.1) failed on 1 completions: KeyError: 'score'"
