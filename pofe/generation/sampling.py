@@ -87,7 +87,7 @@ class HFGenerator:
                 chunk = prompts[start : start + sampling.batch_size]
                 texts = [_render(tokenizer, p) if chat_template else p for p in chunk]
                 enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat_template).to(device)
-                check_prompt_lengths(model, enc["attention_mask"], chunk, start, sampling)
+                check_prompt_lengths(model, enc["attention_mask"], chunk, sampling)
                 do_sample = sampling.temperature > 0
                 # Greedy decoding gives n identical samples: decode once and repeat (transformers
                 # refuses num_return_sequences > 1 without sampling).
@@ -151,7 +151,7 @@ def check_max_new_tokens(model, sampling: SamplingConfig) -> None:
                           f"tokens (max_position_embeddings in its config.json); lower it below {ctx}")
 
 
-def check_prompt_lengths(model, attention_mask: torch.Tensor, chunk, start: int, sampling: SamplingConfig) -> None:
+def check_prompt_lengths(model, attention_mask: torch.Tensor, chunk, sampling: SamplingConfig) -> None:
     """A prompt whose tokens and ``sampling.max_new_tokens`` are over the model's context is one
     line naming it, before ``generate`` sizes its buffers from it (a 10 MB prompt asked for 4 TB)."""
     ctx = context_length(model)
@@ -161,7 +161,8 @@ def check_prompt_lengths(model, attention_mask: torch.Tensor, chunk, start: int,
     i = max(range(len(lengths)), key=lambda k: lengths[k])
     if lengths[i] + sampling.max_new_tokens > ctx:
         p = chunk[i] if isinstance(chunk[i], str) else str(chunk[i][-1].get("content", ""))
-        raise DataError(f"prompt {start + i + 1} ({' '.join(p[:40].split())!r}...) is {lengths[i]} tokens: with "
+        # the prompt's own words, not its index: this call's numbering is not the data file's
+        raise DataError(f"a prompt ({' '.join(p[:40].split())!r}...) is {lengths[i]} tokens: with "
                         f"sampling.max_new_tokens={sampling.max_new_tokens} that is over the model's context of {ctx} "
                         f"tokens; shorten it or leave it out of the prompts")
 

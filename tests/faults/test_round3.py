@@ -406,7 +406,7 @@ def test_a_prompt_longer_than_the_context_is_one_line_naming_it(tiny_model, toke
     with pytest.raises(DataError) as e:
         generate(tiny_model, tokenizer, ["short one", long], sampling=SamplingConfig(max_new_tokens=4))
     msg = str(e.value)
-    assert msg.startswith("prompt 2 ('word word word word word word word word'...) is ")
+    assert msg.startswith("a prompt ('word word word word word word word word'...) is ")
     n = int(msg.split(" is ")[1].split(" tokens")[0])
     assert n > 3000  # 3000 words, plus the chat template's tokens
     assert msg.endswith(f"is {n} tokens: with sampling.max_new_tokens=4 that is over the model's context of 1024 "
@@ -602,3 +602,19 @@ def test_a_plugin_backend_or_reward_that_raises_is_named(tmp_path, installed):
     with pytest.raises(PluginCallError) as e:
         plugin_reward("r3-reward")(["q"], comps)
     assert str(e.value) == "reward function plugin 'r3-reward' (package pofe-r3-be 0.1) failed on 1 completions: KeyError: 'score'"
+
+
+@pytest.mark.slow  # a tiny model's online run on a CLI: ~5 s on a shared 2-core CPU
+def test_online_with_a_prompt_longer_than_the_context_is_one_line(tmp_path, tiny_model_dir):
+    """A 10 MB prompt in ``pofe online`` tried to allocate 4 TB; 200 KB shows the same bound."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("A short question?\n" + "word " * 40000 + "\nAnother one?\n")
+    res = invoke("online", "--set", f"data.prompts={prompts}", "--set", f"model.name={tiny_model_dir}",
+                 "--set", "judge.kind=length", "--set", "train.steps=2", "--set", "train.batch_size=2",
+                 "--set", "eval.enabled=false", "--set", "sampling.max_new_tokens=4", "--set", "log.progress=false",
+                 "--set", "log.tensorboard=false", "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.name=o")
+    lines = error_lines(res)
+    assert len(lines) == 1 and res.returncode == 2, res.stderr
+    assert lines[0].startswith("error: a prompt ('word word word word word word word word'...) is ")
+    assert lines[0].endswith(" tokens: with sampling.max_new_tokens=4 that is over the model's context of 1024 tokens; "
+                             "shorten it or leave it out of the prompts")
