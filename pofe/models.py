@@ -255,7 +255,7 @@ def _first_line(e: BaseException) -> str:
 def _load_failure(folder: str | Path, where: str | Path, what: str, e: BaseException) -> str:
     """The one line for weights that cannot be loaded. A pickle (``pytorch_model.bin``,
     ``adapter_model.bin``) holding more than tensors is refused by torch's ``weights_only`` load,
-    whose message advises ``weights_only=False`` -- which would run the file's code: never
+    whose message advises turning that check off -- which would run the file's code: never
     repeated here."""
     import re
 
