@@ -91,6 +91,7 @@ def test_log_level_must_be_a_level():
 
 # ----------------------------------------------------------------------------- --json, in-process
 
+@pytest.mark.slow  # a command's libraries start processes (ldconfig -p)
 def test_json_alone_on_stdout_small_commands(tmp_path, tiny_model_dir):
     pairs = _jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"q{i}", "response_a": "short", "response_b": "much longer"}
                                               for i in range(2)])
@@ -159,6 +160,7 @@ def test_json_alone_on_stdout_training_commands(tmp_path, tiny_model_dir):
     assert run_json("self-reward", "--config", str(sr))["run_dir"] == str(tmp_path / "sr")
 
 
+@pytest.mark.slow
 def test_json_stdout_of_a_real_process_and_quiet(tmp_path, tiny_model_dir):
     """A real process: DeepSpeed (imported under accelerate when installed) logs to a handler it
     bound to stdout; --quiet leaves warnings only and no progress bars on stderr."""
