@@ -41,9 +41,12 @@ def paired_line(name: str, pofe: list[dict], trl: list[dict], key: str = "second
 
 def smoke_model() -> str:
     """A tiny random Llama (2 layers, hidden 128) over the embedded model's tokenizer, saved once per
-    process to a temporary folder: what ``--smoke`` runs on, so a smoke run takes seconds and
-    proves the script still runs end to end (its numbers mean nothing)."""
+    process to a temporary folder (``$POFE_SMOKE_MODEL``, when set, names one made already): what
+    ``--smoke`` runs on, so a smoke run takes seconds and proves the script still runs end to end
+    (its numbers mean nothing)."""
     global _SMOKE_MODEL
+    if _SMOKE_MODEL is None and os.environ.get("POFE_SMOKE_MODEL"):
+        _SMOKE_MODEL = os.environ["POFE_SMOKE_MODEL"]  # one folder for a whole suite of smoke runs (the tests)
     if _SMOKE_MODEL is None:
         import tempfile
 

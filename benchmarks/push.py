@@ -20,7 +20,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 round")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random model, 1 round, eager engine (no compile)")
     args = ap.parse_args(argv)
     if args.smoke:
         from machine import smoke_model
@@ -36,7 +36,8 @@ def main(argv=None) -> None:
     from machine import cpu_line  # benchmarks/machine.py: the CPU, named with every number
 
     policy, tok = load_policy(ModelConfig(name=args.model))
-    sampling = SamplingConfig(engine="vllm", vllm={"enforce_eager": False, "max_num_seqs": 16,
+    # a smoke run skips the graph compile (a minute on CPU): the push it measures is the same
+    sampling = SamplingConfig(engine="vllm", vllm={"enforce_eager": args.smoke, "max_num_seqs": 16,
                                                    "max_num_batched_tokens": 1024})
     gen = generator_for(policy, tok, sampling)
     gen.generate(["Hello there"], n=2, sampling=sampling)  # start-up and the first (checked) push

@@ -101,7 +101,8 @@ def test_smoke_run(script, stand_in_anchor):
     if why:
         pytest.skip(f"{script}: {why}")
     r = subprocess.run([sys.executable, str(BENCH / script), *args, "--smoke"], cwd=BENCH.parent, capture_output=True,
-                       text=True, timeout=600, env=env(TRL_ANCHOR_DIR=str(stand_in_anchor)))
+                       text=True, timeout=600, env=env(TRL_ANCHOR_DIR=str(stand_in_anchor),
+                                                       POFE_SMOKE_MODEL=str((stand_in_anchor / "smol135").resolve())))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     for pattern in lines:
         assert re.search(pattern, r.stdout, re.M), (pattern, r.stdout[-3000:])
