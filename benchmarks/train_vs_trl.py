@@ -153,16 +153,21 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=96)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--bf16", action="store_true", help="pofe train.precision=bf16, TRL bf16=True")
-    ap.add_argument("--smoke", action="store_true", help="1 round, 4 rows per step, max_length 256, 3 steps")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 round, 4 rows per step, max_length 256, 3 steps, both sides on a tiny random model")
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)  # internal: the model folder of both sides
     ap.add_argument("--side", choices=["pofe"], help=argparse.SUPPRESS)  # internal: one pofe run
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.smoke:
+    if args.smoke and args.side is None:
+        from machine import smoke_model
+
         args.rounds, args.batch, args.max_length, args.steps, args.rows = 1, 4, 256, 3, 12
+        args.model = smoke_model()
     if args.side == "pofe":
         print(json.dumps(pofe_side(args.command, Path(args.data), args.steps, args.batch, args.max_length, args.bf16,
-                                   Path(args.work))))
+                                   Path(args.work), **({"model": args.model} if args.model else {}))))
         return
     if not TRL_PY.exists():
         sys.exit(f"TRL anchor environment not found at {TRL_PY}: bash ../shared/anchors/trl/setup.sh")
@@ -173,6 +178,7 @@ def main() -> None:
     print(f"{kept} rows that fit max_length {args.max_length}; {args.steps} steps of {args.batch} rows", flush=True)
     flags = ["--steps", str(args.steps), "--batch", str(args.batch), "--max-length", str(args.max_length)]
     flags += ["--bf16"] if args.bf16 else []
+    flags += ["--model", args.model] if args.model else []  # both sides: trl_train_side.py takes it too
     pofe_res, trl_res = [], []
     for r in range(args.rounds):
         w = work / f"round-{r}"
