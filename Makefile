@@ -1,5 +1,5 @@
 # The two entry points of the README. Both create/reuse .venv/ first.
-.PHONY: setup demo test
+.PHONY: setup demo test check
 
 setup:
 	@bash scripts/setup.sh
@@ -7,5 +7,10 @@ setup:
 demo: setup
 	.venv/bin/pofe online --config examples/online-default.yaml
 
+# every tier: the unit tier and the end-to-end tier (tests marked slow); what CI runs
 test: setup
+	.venv/bin/python -m pytest -q -m "slow or not slow"
+
+# the unit tier alone (pyproject's default -m "not slow"): in-process, a few minutes
+check: setup
 	.venv/bin/python -m pytest -q

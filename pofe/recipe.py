@@ -242,13 +242,15 @@ def rewind(run_dir: Path, step: int, sizes: dict[str, int], names: tuple[str, ..
 
 
 def _load(run: RunContext, recipe: Recipe) -> None:
-    from pofe.training.checkpoints import check_outputs, load_checkpoint, resume_point
+    from pofe.training.checkpoints import check_outputs, check_processes, load_checkpoint, resume_point
 
     # the newest checkpoint that matches its manifest (a damaged one is passed over, saying so), and
     # the outputs it counted still whole: checked before anything is loaded or rewound
     ckpt = resume_point(run.dir)
     if ckpt is None:
         return
+    run_cfg = getattr(recipe.cfg, "run", None)
+    check_processes(ckpt, run.world, allow=bool(getattr(run_cfg, "allow_world_change", False)))
     check_outputs(run.dir, ckpt, recipe.outputs)
     info = load_checkpoint(ckpt, model=recipe.unwrapped(), optimizer=recipe.optimizer, scheduler=recipe.scheduler,
                            verify=False)
@@ -319,7 +321,9 @@ def _accelerator(recipe: Recipe):
 
     refuse_unsupported(recipe.command, recipe.cfg)  # what a sharded launch cannot run: one line, no model loaded
     model = getattr(recipe.cfg, "model", None)  # labelling commands have no policy: the device is auto
-    return make_accelerator(getattr(model, "device", "auto"), command=f"pofe {recipe.command}", sharded=True)
+    run_cfg = getattr(recipe.cfg, "run", None)
+    return make_accelerator(getattr(model, "device", "auto"), command=f"pofe {recipe.command}", sharded=True,
+                            collective_timeout_s=getattr(run_cfg, "collective_timeout_s", None))
 
 
 def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from pofe.config import PofeConfig, dump_config
 from pofe.errors import PofeError
@@ -70,6 +70,15 @@ class RunConfig(PofeConfig):
     name: str | None = None
     """Run folder name (one path component, no ``/``); default ``<command>-<YYYYmmdd-HHMMSS>``.
     Taken: ``<name>-2``, ``<name>-3``, ..."""
+    collective_timeout_s: int = Field(600, ge=10, le=86400)
+    """Seconds a process of a distributed run (torchrun, accelerate launch) waits in one collective
+    (all-reduce, gather, barrier) for the others before the run ends with one line saying so
+    (a process that stopped answering: stopped, swapped out, hung in I/O). 10 s to 1 day; raise it
+    when one process legitimately works alone for long (a slow save, a first compile)."""
+    allow_world_change: bool = False
+    """``--resume`` with another number of processes than the checkpoint was written by. Refused
+    by default: the global batch (processes x ``train.batch_size``) and each process's data and
+    sampling seeds change, so the resumed run is not the one that was started."""
 
     @field_validator("name", mode="before")
     @classmethod
@@ -496,9 +505,10 @@ def untrusted_settings(cfg: BaseModel | dict) -> list[tuple[str, Any]]:
     return found
 
 
-RESUMABLE_SETTINGS = ("judge.budget", "reward.judge.budget")
-"""Keys ``--resume RUN --set KEY=VALUE`` may change: limits on what a run may spend, never on what
-it computes (a resumed run otherwise keeps its saved config.yaml)."""
+RESUMABLE_SETTINGS = ("judge.budget", "reward.judge.budget", "run.collective_timeout_s", "run.allow_world_change")
+"""Keys ``--resume RUN --set KEY=VALUE`` may change: limits on what a run may spend or wait, and
+the explicit consent to resume with another number of processes; never what it computes (a resumed
+run otherwise keeps its saved config.yaml)."""
 
 
 def rewrite_resumed_config(run_dir: str | Path, cfg: BaseModel) -> None:

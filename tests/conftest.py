@@ -29,6 +29,25 @@ def _isolated_pofe_home() -> None:
 
 _isolated_pofe_home()
 
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_process(request, monkeypatch):
+    """The tiers: a test marked ``slow`` is end-to-end (a real ``pofe`` process, torchrun, vLLM,
+    the embedded model, or more than a couple of seconds); every other test is the unit tier that
+    ``pytest`` alone runs (pyproject's ``-m "not slow"``). A unit test that starts a process fails
+    here saying so, so the tier stays what it claims (``make test`` runs both tiers)."""
+    if request.node.get_closest_marker("slow") is None:
+        import subprocess
+
+        def refuse(self, args, *a, **k):
+            raise AssertionError(f"a unit-tier test started a process ({str(args)[:120]}): mark the test "
+                                 "@pytest.mark.slow (end-to-end tier) or run the code in-process")
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    yield
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

@@ -129,7 +129,7 @@ def _check_trust(resume: Path, cfg: PofeConfig, confirmed: dict[str, Any], trust
         if key not in found:
             fail(f"--resume {resume}: --set {text} is refused; a resumed run keeps its saved config.yaml "
                  f"(start a new run to change settings; with --resume, --set only confirms a code-running setting or "
-                 f"changes judge.budget)")
+                 f"changes judge.budget, run.collective_timeout_s or run.allow_world_change)")
         if value != found[key]:
             fail(f"--resume {resume}: --set {key}={value!r} differs from the run's {found[key]!r}; a resumed run "
                  f"keeps its saved config.yaml (start a new run to change it)")

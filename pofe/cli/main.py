@@ -112,6 +112,12 @@ def describe_error(e: BaseException) -> tuple[int, str]:
     """(exit status, one-line message) for an exception that reached the top of a command."""
     if isinstance(e, PofeError):  # every error pofe raises for the user carries its own status
         return e.exit_code, _one_line(e)
+    if isinstance(e, RuntimeError) and "torch.distributed" in sys.modules:
+        from pofe.training.parallel import as_collective_timeout
+
+        stalled = as_collective_timeout(e)  # a peer stopped answering: one line naming the ranks, not gloo's text
+        if stalled is not None:
+            return stalled.exit_code, str(stalled)
     if isinstance(e, KeyboardInterrupt):
         return 130, "interrupted (what was already written is kept; --resume RUN_DIR continues a training run)"
     if isinstance(e, OSError) and e.errno is not None:
@@ -207,8 +213,46 @@ class LazyGroup(TyperGroup):
 
             if _state["verbose"]:
                 sys.stderr.write(redact("".join(traceback.format_exception(e))))
-            typer.echo(f"error: {redact(message)}", err=True)
+            line = f"error: {redact(message)}"
+            if _first_to_report(line):
+                typer.echo(line, err=True)
             raise typer.Exit(code) from None
+
+
+def _first_to_report(line: str) -> bool:
+    """Whether this process prints ``line``: always, except under a launcher (torchrun, accelerate
+    launch: ``TORCHELASTIC_RUN_ID`` set, ``WORLD_SIZE`` > 1), where the processes that fail with
+    the same line print it once per machine (the first to claim it in a folder keyed by the run's
+    id; a line of one process alone is always printed). The launcher is also handed the line as
+    the failure's cause (``TORCHELASTIC_ERROR_FILE``), so its closing ChildFailedError summary
+    shows pofe's line in place of "To enable traceback see ...": its own traceback follows, and
+    the ``error:`` line above it is the cause."""
+    import hashlib
+    import json
+    import tempfile
+    import time
+
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return True
+    report = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if report:
+        try:  # the schema torch.distributed.elastic's ErrorHandler writes
+            Path(report).write_text(json.dumps({"message": {"message": line, "extraInfo": {
+                "py_callstack": line, "timestamp": str(int(time.time()))}}}))
+        except OSError:
+            pass
+    safe = hashlib.sha256(run_id.encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"pofe-errors-{os.getuid() if hasattr(os, 'getuid') else 0}-{safe}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(folder / hashlib.sha256(line.encode()).hexdigest(), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+    except FileExistsError:
+        return False
+    except OSError:  # no writable temp folder: every process prints, as before
+        return True
+    return True
 
 
 def _load_command(module: str, cmd_name: str) -> click.Command:

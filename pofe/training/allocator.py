@@ -57,10 +57,15 @@ def keep_freed_memory() -> bool:
     if os.environ.get("POFE_MALLOC_TUNING", "1") == "0" or any(k in os.environ for k in _ENV) \
             or preloaded_allocator() is not None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
+    try:  # glibc's soname first: find_library runs ``ldconfig -p`` in a subprocess, once per process
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:  # no C library by either name: nothing to tune
+            return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # not glibc (musl, macOS): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     options = [(_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)]

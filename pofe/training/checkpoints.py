@@ -431,6 +431,29 @@ def resume_point(run_dir: str | Path) -> Path | None:
     return None
 
 
+def check_processes(ckpt_dir: str | Path, world: int, *, allow: bool = False) -> None:
+    """Refuse to resume with another number of processes than the checkpoint's ``manifest.json``
+    records: the global batch (processes x ``train.batch_size``), the data each process takes and
+    the per-process sampling seeds would all change, so the resumed run would silently not be the
+    one that was started. ``allow`` (``run.allow_world_change``): go on, with a warning line.
+    A checkpoint without a manifest (an older pofe) records no count and is not checked."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        was = json.loads((ckpt_dir / MANIFEST).read_text()).get("processes")
+    except (FileNotFoundError, ValueError):
+        return
+    if not isinstance(was, int) or isinstance(was, bool) or was == world:
+        return
+    what = (f"checkpoint {ckpt_dir.name} was written by {was} process{'es' if was != 1 else ''}, this resume runs "
+            f"{world}")
+    if allow:
+        log.warning("%s: the global batch and each process's data and seeds change from here "
+                    "(run.allow_world_change=true)", what)
+        return
+    raise CheckpointError(f"{what}: the global batch and each process's data and seeds would change; resume with "
+                          f"{was} process{'es' if was != 1 else ''}, or --set run.allow_world_change=true to go on anyway")
+
+
 def check_outputs(run_dir: str | Path, ckpt_dir: str | Path, names: tuple[str, ...]) -> None:
     """Refuse to resume over an append-only output that was cut short, deleted or rewritten after
     the checkpoint: a resume continues after the rows the checkpoint counted and would never redo

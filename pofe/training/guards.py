@@ -127,7 +127,15 @@ def require_single_process(command: str) -> None:
 
 def fault_point(name: str) -> None:
     """Fault injection for the crash/resume suite: ``POFE_FAULT=<name>`` sends SIGKILL to this
-    process right here (no cleanup, no flush beyond what the loop already did). Loops call it at
-    named points, e.g. ``fault_point(f"{step}:after_checkpoint")``; free when unset."""
-    if os.environ.get("POFE_FAULT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    process right here (no cleanup, no flush beyond what the loop already did); ``<name>:stop``
+    sends it SIGSTOP instead (a process that stops answering without exiting, for the distributed
+    timeout tests). ``POFE_FAULT_RANK=<r>`` limits either to the process of that ``RANK`` (torchrun
+    gives every process the same environment). Loops call it at named points, e.g.
+    ``fault_point(f"{step}:after_checkpoint")``; free when unset."""
+    fault = os.environ.get("POFE_FAULT")
+    if not fault or fault not in (name, f"{name}:stop"):
+        return
+    only = os.environ.get("POFE_FAULT_RANK")
+    if only not in (None, "") and only != (os.environ.get("RANK") or "0"):
+        return
+    os.kill(os.getpid(), signal.SIGSTOP if fault.endswith(":stop") and fault != name else signal.SIGKILL)

@@ -17,24 +17,77 @@ from typing import Any, TypeVar
 
 import torch
 
+from pofe.errors import PofeError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
 
-def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool = False):
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600
+_TIMEOUT: dict[str, int] = {}  # "s": the collective timeout the process group was started with
+
+
+class CollectiveTimeout(PofeError, RuntimeError):
+    """A collective (all-reduce, gather, barrier) of a distributed run waited longer than
+    ``run.collective_timeout_s`` for another process. ``str(e)`` is one line; exit 1."""
+
+    exit_code = 1
+
+
+def collective_timeout_line(seconds: int | None, rank: int, world: int) -> str:
+    """The one line a process prints when a collective timed out. Gloo says only that a receive
+    timed out, not from whom: with two processes the silent one is the other rank, with more it
+    is one of the others (each process that waited prints its own line)."""
+    others = [r for r in range(world) if r != rank]
+    who = f"rank {others[0]}" if len(others) == 1 else (f"one of ranks {', '.join(map(str, others))}" if others else "another process")
+    after = f"after {seconds} s " if seconds else ""
+    return (f"collective timed out {after}on rank {rank} of {world}: {who} stopped answering (stopped, hung or "
+            f"swapped out); checkpoints and metrics written so far are kept, --resume RUN_DIR continues "
+            f"(run.collective_timeout_s)")
+
+
+def as_collective_timeout(e: BaseException) -> CollectiveTimeout | None:
+    """``e`` as a :class:`CollectiveTimeout` when it is torch.distributed's error for a collective
+    that timed out (gloo: "Timed out waiting ...ms for recv operation"; NCCL's watchdog:
+    "Watchdog caught collective operation timeout"), else None."""
+    import os
+    import sys
+
+    if not isinstance(e, RuntimeError) or "torch.distributed" not in sys.modules:
+        return None
+    text = str(e).lower()
+    if "timed out" not in text and "timeout" not in text:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return None
+    return CollectiveTimeout(collective_timeout_line(_TIMEOUT.get("s"), rank, world))
+
+
+def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool = False,
+                     collective_timeout_s: int | None = None):
     """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there),
     always a plain data-parallel one. A sharded launch (FSDP, DeepSpeed ZeRO) is refused
     (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU accelerate drops it
     without a word) unless ``sharded``: the training commands that shard the model themselves
     (:mod:`pofe.training.sharding`, which has already refused what cannot run) -- accelerate then
     does not see the FSDP / DeepSpeed request, so that it neither drops it on CPU nor wraps the
-    model its way."""
+    model its way. ``collective_timeout_s`` (``run.collective_timeout_s``; default 600): how long a
+    collective waits for the other processes before it raises (torch's own default is 30 minutes
+    of silence); the CLI turns that error into one line (:func:`as_collective_timeout`)."""
     import os
 
+    from datetime import timedelta
+
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
     from pofe.training.guards import refuse_sharding, require_launcher
 
@@ -45,7 +98,9 @@ def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool
     hidden = {k: os.environ.pop(k) for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
               if sharded and k in os.environ}  # pofe builds the FSDP2 / DeepSpeed model itself
     try:
-        acc = Accelerator(cpu=cpu)
+        seconds = int(collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
+        acc = Accelerator(cpu=cpu, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=seconds))])
+        _TIMEOUT.setdefault("s", seconds)  # the first accelerator started the process group
     finally:
         os.environ.update(hidden)
     ds = getattr(acc.state, "deepspeed_plugin", None)
@@ -301,7 +356,7 @@ def stepped_grad_norm(optimizer, norm: float | None) -> float | None:
     return optimizer.grad_norm if isinstance(optimizer, ZeroOptimizer) and norm is None else norm
 
 
-def launched(device: str = "auto", *, command: str) -> DataParallel:
+def launched(device: str = "auto", *, command: str, collective_timeout_s: int | None = None) -> DataParallel:
     """The :class:`DataParallel` of a command that runs outside the driver (``pofe eval``, ``pofe
     audit``): an accelerator when launched with ``WORLD_SIZE > 1`` (torchrun, accelerate launch),
     else one process with nothing distributed set up. Call it before any model loads: the
@@ -310,7 +365,7 @@ def launched(device: str = "auto", *, command: str) -> DataParallel:
 
     if world_size() <= 1:
         return DataParallel()
-    return DataParallel(make_accelerator(device, command=command))
+    return DataParallel(make_accelerator(device, command=command, collective_timeout_s=collective_timeout_s))
 
 
 def merge_metrics(parts: Sequence[tuple[dict[str, Any], float]]) -> dict[str, Any]:

@@ -28,6 +28,9 @@ INTERNAL = {
     ("pofe.annotate.server", "BadRequest"),
     ("pofe.annotate.server", "Conflict"),
     ("pofe.annotate.server", "Refused"),
+    # raised by the trace function inside a chat template's render; render_chat_template turns
+    # it into one ModelError line naming the template's file
+    ("pofe.models", "_TemplateTimeout"),
 }
 
 

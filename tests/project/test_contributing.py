@@ -135,7 +135,7 @@ else:
     mask = lambda s: re.sub(r' at 0x[0-9a-f]+', ' at 0x?', s)
     assert mask(page.read_text(encoding='utf-8')) == mask(render()), 'docs/config.md differs from render()'
 import pytest
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-x', *sys.argv[2:]]))
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-x', '-m', 'slow or not slow', *sys.argv[2:]]))
 """
 
 
