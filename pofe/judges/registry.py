@@ -57,7 +57,7 @@ __all__ = ["JUDGES", "JUDGE_CONFIGS", "JudgeConfig", "AnyJudgeConfig", "build_ju
            "LlamaCppJudgeConfig", "OpenAIJudgeConfig", "RubricJudgeConfig", "ExpectedScoreJudgeConfig",
            "LengthJudgeConfig", "KeywordJudgeConfig", "ReferenceOverlapJudgeConfig", "CallableJudgeConfig",
            "RewardModelJudgeConfig", "VLLMJudgeConfig", "PluginJudgeConfig", "JuryJudgeConfig", "KINDS",
-           "parse_judge_config"]
+           "judge_config_of", "parse_judge_config"]
 
 
 # -- builders ------------------------------------------------------------------------------
@@ -243,14 +243,31 @@ def build_judge(cfg, **runtime):
         from pofe.plugins import call_error
 
         try:
-            return PluginJudge(cfg.kind, cfg.options.build(**runtime))
+            judge = PluginJudge(cfg.kind, cfg.options.build(**runtime))
         except (Exception, SystemExit) as e:
             raise call_error("pofe.judges", cfg.kind, "to build its judge", e) from e
+        return _built_from(judge, cfg)
     builder = JUDGES[cfg.kind]
     judge = builder(cfg, **runtime) if runtime else builder(cfg)
     if getattr(cfg, "price", None) is not None and hasattr(judge, "count"):  # a metered judge: its usage() prices its tokens
         judge.price = cfg.price
+    return _built_from(judge, cfg)
+
+
+def _built_from(judge, cfg):
+    """Keep the config a judge was built from on it (``judge.judge_config``): an audit of the
+    judge object alone (``run_audit(build_judge({"kind": "length"}), items)``) then names the
+    kind and settings that were judged, not the audit config's default judge."""
+    try:
+        judge.judge_config = cfg
+    except (AttributeError, TypeError):  # a judge object that takes no attributes: audits name it by its id
+        pass
     return judge
+
+
+def judge_config_of(judge):
+    """The config :func:`build_judge` built ``judge`` from, or None for a judge made by hand."""
+    return getattr(judge, "judge_config", None)
 
 
 class PluginBackend:
@@ -291,7 +308,7 @@ class PluginJudge:
 
     def __setattr__(self, name: str, value: Any) -> None:
         # a caller's attribute (a budget, a price) is the judge's own; the wrapper keeps only its own three
-        own = ("_plugin", "_inner", "judge", "score")
+        own = ("_plugin", "_inner", "judge", "score", "judge_config")  # judge_config: pofe's record, not the plugin's
         object.__setattr__(self, name, value) if name in own else setattr(self._inner, name, value)
 
     def _call(self, method: str, prompts, *args, **kwargs) -> list:

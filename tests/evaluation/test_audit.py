@@ -153,6 +153,24 @@ def test_length_judge_on_synthetic_set_correlates_and_fails():
     assert shorter["metrics"]["length_correlation"] == -1.0
 
 
+def test_audit_without_a_config_names_the_judge_it_audited(tmp_path):
+    # run_audit(judge, items) with no AuditConfig wrote AuditConfig's default judge (kind llm)
+    # into the report of a length judge.
+    from pofe.evaluation.audit import write_audit
+
+    rep = run_audit(build_judge({"kind": "length"}), ITEMS)
+    write_audit(rep, tmp_path / "audit.json")
+    saved = json.loads((tmp_path / "audit.json").read_text())
+    assert saved["judge"] == "length:shorter:chars"
+    assert saved["judge_config"]["kind"] == "length" and saved["judge_config"]["prefer"] == "shorter"
+    assert "llm" not in json.dumps({k: saved[k] for k in ("judge", "judge_config", "judge_identity")})
+    # shorter wins x0 (B), x1 (A), x2 (A), x4 (B) against the labels A, B, A, A; x3 is a tie: 1 of 4
+    assert saved["metrics"]["agreement"] == 0.25
+    # a judge made by hand has no config to report: its id names it, and nothing is made up
+    by_hand = run_audit(ConstantJudge(), ITEMS, AuditConfig(contrasts=False))
+    assert by_hand["judge"] == "constant" and by_hand["judge_config"] is None
+
+
 def test_require_audit(tmp_path):
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps({"judge": "j", "passed": True, "checks": {"agreement": {"value": 0.7, "threshold": 0.6,

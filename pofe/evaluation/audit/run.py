@@ -22,6 +22,7 @@ from pofe.evaluation.audit.jury import jury_report
 from pofe.evaluation.audit.metrics import calibration_metrics
 from pofe.judges.base import as_pairwise
 from pofe.judges.jury import JuryJudge
+from pofe.judges.registry import judge_config_of
 from pofe.judges.summary import summarize_judgments
 from pofe.judges.usage import budget_of, usage_sum
 from pofe.training.parallel import DataParallel, launched
@@ -36,6 +37,10 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     :func:`audit_from_config` adds :func:`judge_identity` of the config it built the judge
     from); ``require_audit`` compares it with the judge a command is about to train on."""
     cfg = cfg or AuditConfig()
+    # The judge actually audited is the one passed in: its own config when build_judge made it.
+    # cfg.judge says which judge audit_from_config builds; here it is only AuditConfig's
+    # default (llm) unless it built this very judge, so the report never names it for another.
+    built_from = judge_config_of(judge)
     judge = as_pairwise(judge)
     if not items:
         raise ValueError("audit: the calibration set is empty")
@@ -58,14 +63,14 @@ def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None =
     sources: dict[str, int] = {}
     for it in items:
         sources[it.source] = sources.get(it.source, 0) + 1
-    jid = getattr(judge, "id", cfg.judge.kind)
+    jid = getattr(judge, "id", None) or (built_from.kind if built_from is not None else type(judge).__name__)
     # A judge object passed in is only known by its id; audit_from_config, which builds the
     # judge from cfg.judge, vouches for the whole config identity.
     ident = dict(identity) if identity is not None else {"judge_id": jid}
     report = {
         "judge": jid,
         "judge_identity": ident,
-        "judge_config": cfg.judge.model_dump(),
+        "judge_config": built_from.model_dump() if built_from is not None else None,  # None: a judge made by hand
         "calibration": {"paths": list(cfg.data.calibration), "n_items": len(items), "by_source": sources,
                         "sha256": calibration_set_hash(items),
                         "limit": cfg.data.limit, "seed": cfg.seed, "length_unit": cfg.length_unit},
