@@ -10,8 +10,10 @@ the file; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
+import copy
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Iterable, TypeVar
 
@@ -355,6 +357,31 @@ def load_config(
             if k == bad or bad.startswith(k + ".") or k.startswith(bad + "."):
                 origin = f"option {k}"
         raise ConfigError(_format_error(e, origin, data)) from None
+
+
+def config_from_dict(cls: type[T], values: Mapping[str, Any], source: str = "config") -> T:
+    """Build ``cls`` from a mapping -- the Python API's config (``pofe.run("sft", {...})``):
+    nested sections and dotted keys (``{"train.steps": 2}``, as ``--set`` writes them), over the
+    class defaults as :func:`load_config` merges a YAML file.
+
+    Raises:
+        ConfigError: ``<source>: unknown key 'train.stpes'``, as for a file.
+    """
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of keys, got {type(values).__name__}")
+    for key in values:
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f"{source}: keys are dotted names such as 'train.steps', got {key!r}")
+    data: dict[str, Any] = {}
+    # whole sections first, then dotted keys into them: {"judge.prefer": ..., "judge": {...}} keeps both
+    for key, value in sorted(values.items(), key=lambda kv: "." in kv[0]):
+        # a copy: the merge below must not write the defaults into the caller's own dicts
+        _set_path(data, key.split("."), copy.deepcopy(value), f"{source} key {key!r}")
+    data = _merge(_defaults(cls), data)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, source, data)) from None
 
 
 def _defaults(cls: type[PofeConfig]) -> dict[str, Any]:
