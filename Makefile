@@ -9,7 +9,7 @@ demo: setup
 
 # every tier: the unit tier and the end-to-end tier (tests marked slow); what CI runs
 test: setup
-	.venv/bin/python -m pytest -q -m "slow or not slow"
+	.venv/bin/python -m pytest -q -m "slow or not slow" --durations=40
 
 # the unit tier alone (pyproject's default -m "not slow"): in-process, a few minutes
 check: setup

@@ -85,6 +85,7 @@ def annotate_server(tmp_path):
         proc.communicate()
 
 
+@pytest.mark.slow
 def test_label_undo_reload_resume_and_audit(browser, annotate_server, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys

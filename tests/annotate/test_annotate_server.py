@@ -138,6 +138,7 @@ def test_cli_pairs_and_limit_are_the_data_keys_and_the_old_keys_are_unknown(tmp_
     assert r.exit_code == 2 and "missing required key 'data.pairs'" in r.output, r.output
 
 
+@pytest.mark.slow
 def test_cli_smoke_serves_until_sigterm(tmp_path):
     pairs = _write_pairs(tmp_path / "pairs.jsonl", n=2)
     out = tmp_path / "cal.jsonl"

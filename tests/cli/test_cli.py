@@ -47,6 +47,7 @@ def test_every_command_has_help():
         assert res.exit_code == 0, (name, res.output)
 
 
+@pytest.mark.slow
 def test_chat_on_tiny_local_model(tiny_model_dir):
     res = runner.invoke(app, ["chat", "Hello", "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=4", "--json"])
     assert res.exit_code == 0, res.output
@@ -66,6 +67,7 @@ def _fresh_modules(*argv: str) -> set[str]:
     return set(r.stderr.split())
 
 
+@pytest.mark.slow
 def test_version_and_help_start_without_torch_or_transformers():
     """``pofe --version`` / ``--help`` import neither torch nor transformers (counted modules,
     not seconds: 1680 modules incl. torch, scipy, transformers' deps on main)."""
@@ -77,6 +79,7 @@ def test_version_and_help_start_without_torch_or_transformers():
         assert len(mods) < 500, (argv, len(mods))
 
 
+@pytest.mark.slow
 def test_multi_process_launch_of_a_single_process_command_exits_2_without_run_folders(tmp_path, tiny_model_dir):
     """A 2-process ``torchrun`` of ``pofe cai refusal`` (one process answering every prompt:
     it neither shards its prompts nor gathers) would answer everything twice: the processes exit

@@ -83,6 +83,7 @@ def test_cli_print_config():
     assert "max_new_tokens: 7" in res.output
 
 
+@pytest.mark.slow
 def test_real_entry_point_exit_status(tmp_path):
     """The installed console entry point (not just the test runner) exits 2 with one line."""
     f = tmp_path / "c.yaml"

@@ -169,6 +169,7 @@ def test_load_policy_honours_model_device(monkeypatch, tiny_model_dir):
     assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
+@pytest.mark.slow
 def test_loaded_model_records_the_name_not_the_cache_path(monkeypatch, tiny_model_dir, tmp_path):
     """An adapter saved from the embedded model must name the *model*, not
     this machine's cache folder, and carry its tokenizer; load_model reads it back."""

@@ -27,6 +27,7 @@ def test_module_imports(name):
     importlib.import_module(name)
 
 
+@pytest.mark.slow
 def test_no_undefined_names():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     if not Path(ruff).exists():

@@ -240,6 +240,7 @@ def _trl(kind: str, data: Path, out: Path) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path):
     """Acceptance: TRL 1.16's DPOTrainer reads pofe's exports directly (the ``p`` column rides
     along) and trains 2 steps on a tiny model -- standard JSONL, conversational JSONL and a
@@ -257,6 +258,7 @@ def test_trl_dpo_trainer_trains_two_steps_on_exports(tmp_path):
         assert len(res["losses"]) == 2 and res["losses"][0] == pytest.approx(0.6931, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_trl_reward_trainer_trains_two_steps_on_a_datasets_export(tmp_path):
     assert runner.invoke(app, ["export", str(_label_run(tmp_path)), "--format", "datasets",
                                "-o", str(tmp_path / "ds")]).exit_code == 0

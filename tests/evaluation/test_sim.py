@@ -113,6 +113,7 @@ def test_seed_pins_everything_and_options_matter():
     assert abs(d["first_position_win_rate"] - 0.5) < 0.03
 
 
+@pytest.mark.slow
 def test_cli_json_keys_and_time():
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "pofe.cli.main", "sim", "--seed", "0", "--json"],

@@ -248,6 +248,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_cli_second_server_exits_2_with_one_line_naming_log_and_pid(tmp_path):
     _pairs(tmp_path / "pairs.jsonl")
     proc, _ = _start_cli(tmp_path)
@@ -334,6 +335,7 @@ HOSTILE = [  # (name, body, extra headers / Content-Length, expected status)
 ]
 
 
+@pytest.mark.slow
 def test_hostile_posts_get_a_json_4xx_and_change_nothing(tmp_path):
     _pairs(tmp_path / "pairs.jsonl")
     proc, port = _start_cli(tmp_path)
@@ -356,6 +358,7 @@ def test_hostile_posts_get_a_json_4xx_and_change_nothing(tmp_path):
     assert "Traceback" not in err and "Exception" not in err, err
 
 
+@pytest.mark.slow
 def test_malformed_requests_get_json_errors(tmp_path):
     _pairs(tmp_path / "pairs.jsonl")
     proc, port = _start_cli(tmp_path)
@@ -385,6 +388,7 @@ def test_a_client_that_never_sends_its_body_gets_408(server, monkeypatch):
     assert Path(server.session.log.path).read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_real_short_write_under_a_file_size_limit_is_a_507_and_cut_back(tmp_path):
     """The kernel's own short write: under RLIMIT_FSIZE a write that crosses the limit writes
     the bytes that fit and the next one fails with EFBIG (Python ignores SIGXFSZ)."""

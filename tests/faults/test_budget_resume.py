@@ -50,6 +50,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_budget_of_a_running_run_is_never_rewritten(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               env=env())

@@ -29,6 +29,7 @@ def _run(cfg, **kw):
     return run(cfg, **kw)
 
 
+@pytest.mark.slow
 def test_planted_pickle_in_a_checkpoint_is_not_executed_on_resume(tmp_path, tiny_model_dir):
     """Regression (defect 9): on main ``load_checkpoint`` did ``torch.load(trainer_state.pt,
     weights_only=False)`` and ran the planted payload."""
@@ -46,6 +47,7 @@ def test_planted_pickle_in_a_checkpoint_is_not_executed_on_resume(tmp_path, tiny
     assert isinstance(result, dict) and result["resumed_from"] == 2  # resumed from the safe files
 
 
+@pytest.mark.slow
 def test_checkpoint_in_the_old_pickled_format_is_refused_not_read(tmp_path, tiny_model_dir):
     from pofe.training import CheckpointError
 
@@ -73,6 +75,7 @@ def test_no_pickle_loading_anywhere_in_pofe():
     assert hits == []
 
 
+@pytest.mark.slow
 def test_torn_final_is_detected_and_rewritten_on_resume(tmp_path, tiny_model_dir):
     """Regression (defect 6): a torn ``final/`` was never repaired and ``--resume`` exited 0
     leaving unloadable weights."""

@@ -113,6 +113,7 @@ def judge_for(url, **endpoint):
     return build_judge(OpenAIJudgeConfig(endpoint=ep, cache={"enabled": False}, both_orders=False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["content-length", "chunked", "headers"])
 def test_trickling_read_fails_within_the_deadline(mode):
     # /models answers at once; the read trickles. timeout_s = 1 s, 2 attempts: ~2 s, never 2 x 6 s
@@ -129,6 +130,7 @@ def test_trickling_read_fails_within_the_deadline(mode):
     assert sum(p.endswith("/completions") for p in s.paths) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["content-length", "chunked"])
 def test_trickling_endpoint_fails_the_command_within_the_deadline(tmp_path, mode):
     """Everything trickles, the model list included: ``pofe judge`` ends with one line, exit 1."""

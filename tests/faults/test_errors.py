@@ -51,6 +51,7 @@ def _on_tmpfs(mount, opts):
     return ("unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o {opts} tmpfs {mount} && exec \"$@\"", "sh")
 
 
+@pytest.mark.slow
 def test_disk_full_is_one_line_exit_1(tmp_path, tiny_model_dir):
     """A 256 KiB tmpfs holds config and metrics but not the checkpoint: exit 1 naming the
     full disk, no traceback."""
@@ -59,6 +60,7 @@ def test_disk_full_is_one_line_exit_1(tmp_path, tiny_model_dir):
     _one_line(res, 1, "no space left on device")
 
 
+@pytest.mark.slow
 def test_read_only_output_is_one_line_exit_1(tmp_path, tiny_model_dir):
     mnt = tmp_path / "ro"
     res = pofe("online", *_online(tiny_model_dir, mnt / "runs"), prefix=_on_tmpfs(mnt, "ro,size=64k"))

@@ -61,6 +61,7 @@ def test_json_line_round_trips_and_is_one_utf8_line(name):
     assert json.loads(data.decode("utf-8")) == row
 
 
+@pytest.mark.slow
 def test_json_lines_of_a_20mb_field_read_back_equal(tmp_path):
     f = tmp_path / "big.jsonl"
     f.write_text(json_lines([{"text": BIG}, {"text": "next"}]), encoding="utf-8")
@@ -179,6 +180,7 @@ def test_label_preferences_round_trip_to_export_and_preferences(tmp_path):
     _check_export(tmp_path, run / "preferences.jsonl", WRITE_SAFE)
 
 
+@pytest.mark.slow
 def test_export_of_a_20mb_response_reads_back_equal(tmp_path):
     src = tmp_path / "prefs.jsonl"
     src.write_text(json_lines([{"prompt": "Q \u2028", "chosen": BIG, "rejected": "short"}]), encoding="utf-8")

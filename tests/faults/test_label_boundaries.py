@@ -205,6 +205,7 @@ def _metrics(d: Path) -> list[dict]:
     return read_jsonl(d / "metrics.jsonl")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, point", [(6, "2:before_metrics"), (5, "3:row_1")])
 def test_label_kill_between_batch_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, n, point):
     """6 (or 5) pairs in batches of 2; killed after batch 2's (the last, 1-pair batch 3's) last
@@ -239,6 +240,7 @@ def test_label_resume_of_a_finished_run_keeps_the_last_partial_batch_metrics_row
     assert [r["step"] for r in before] == [1, 2, 3] and _metrics(tmp_path / "r") == before
 
 
+@pytest.mark.slow
 def test_cai_revise_kill_between_chunk_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, tiny_model_dir,
                                                                                           one_torch_thread):
     """3 prompts in chunks of 2, killed after chunk 1's revisions were written but before its

@@ -159,6 +159,7 @@ def _template(d: Path, text: str) -> None:
     (d / "chat_template.jinja").write_text(text)
 
 
+@pytest.mark.slow
 def test_a_template_with_nested_range_loops_is_stopped_at_load(folder, monkeypatch):
     """Two nested ``range(100000)`` loops: each within the sandbox's cap, 10^10 iterations together."""
     import pofe.models as models
@@ -231,6 +232,7 @@ def test_an_adapter_whose_target_modules_match_nothing_is_one_line(tmp_path, tin
                                   f"base model")
 
 
+@pytest.mark.slow
 def test_an_adapter_whose_weights_are_for_other_modules_is_refused(tmp_path, tiny_model_dir):
     """target_modules v_proj, weights for q_proj: peft only warned and left the v_proj adapters at
     their initial values."""
@@ -251,6 +253,7 @@ def test_new_lora_target_modules_matching_nothing_is_one_line(tiny_model_dir):
                            f"(its modules end in e.g. [")
 
 
+@pytest.mark.slow
 def test_a_good_folder_and_adapter_still_load(tmp_path, tiny_model_dir):
     from pofe.models import load_model
 

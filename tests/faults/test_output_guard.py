@@ -105,6 +105,7 @@ def test_audit_output_onto_a_file_inside_a_calibration_folder_is_refused(tmp_pat
 # ----------------------------------------------------------------------------- judge
 
 
+@pytest.mark.slow
 def test_judge_output_into_a_live_run_folder_is_refused_naming_the_pid(tmp_path, live_run):
     run, labels, pid = live_run
     before = labels.read_bytes()
@@ -156,6 +157,7 @@ def test_eval_output_on_a_symlink_to_a_policy_file_is_refused(tmp_path):
     assert b.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_eval_output_into_a_live_run_folder_is_refused(tmp_path, live_run):
     run, _, pid = live_run
     a, b = _responses(tmp_path / "a.jsonl", "A"), _responses(tmp_path / "b.jsonl", "B")
@@ -176,6 +178,7 @@ def test_export_output_on_a_hard_link_to_the_pair_file_is_refused(tmp_path):
     assert prefs.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_report_out_into_a_live_run_folder_is_refused(tmp_path, live_run):
     run, labels, pid = live_run
     src = tmp_path / "src"
@@ -216,6 +219,7 @@ def test_guard_refuses_a_path_under_a_regular_file(tmp_path):
         guard_outputs({"-o": tmp_path / "afile" / "v.jsonl"}, [])
 
 
+@pytest.mark.slow
 def test_guard_lock_test_does_not_disturb_the_live_run(tmp_path, live_run):
     """After the guard test-locked the live run's .lock, the owner still holds it: a second
     lock attempt from this process is still refused."""

@@ -22,6 +22,7 @@ def _pairs(tmp_path: Path, n: int = 6) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_label_resume_after_a_batch_cut_short_rejudges_the_whole_batch(tmp_path):
     """A kill after the first row of batch 2 (``POFE_FAULT=2:row_1``) left 3 labels rows and 1
     metrics row. The resume used to continue at row 3, so its batches were (3, 4), (5): a
@@ -126,6 +127,7 @@ def _undo_after_selection(root: Path) -> None:
     shutil.rmtree(root / "checkpoints" / "step-2")
 
 
+@pytest.mark.slow
 def test_self_reward_crash_before_the_iteration_row_redoes_only_what_is_missing(tmp_path, tiny_model_dir, monkeypatch):
     """A crash after checkpoint selection of iteration 2, just before its ``metrics.jsonl`` row.
 
@@ -162,6 +164,7 @@ def test_self_reward_crash_before_the_iteration_row_redoes_only_what_is_missing(
     assert s["iterations"][1]["dpo"]["resumed_from"] is None and s["iterations"][1]["dpo"]["steps"] == 2
 
 
+@pytest.mark.slow
 def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_dir):
     """``iter_t/model`` counted as finished once its config.json existed, so a crash while the
     selected weights were being copied left a torn M_t that every later stage trusted."""

@@ -68,6 +68,7 @@ def _start_holder(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return p, Path(line)
 
 
+@pytest.mark.slow
 def test_resume_of_a_running_run_is_refused_naming_the_pid_then_stale_lock_taken_over(tmp_path):
     """Regression (defect 8): ``--resume`` of a still-running run appended 40 duplicate ledger
     rows on main. While the owner lives the resume is refused naming its PID; after SIGKILL
@@ -87,6 +88,7 @@ def test_resume_of_a_running_run_is_refused_naming_the_pid_then_stale_lock_taken
     release_run(run_dir)
 
 
+@pytest.mark.slow
 def test_cli_resume_of_a_running_run_exits_2_with_one_line(tmp_path):
     holder, run_dir = _start_holder(tmp_path)
     try:

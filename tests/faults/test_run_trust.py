@@ -84,6 +84,7 @@ class EvilConfig(LlamaConfig):
 '''
 
 
+@pytest.mark.slow
 def test_resume_never_turns_on_trust_remote_code_from_the_folder(tmp_path, tiny_model_dir):
     """``model.trust_remote_code: true`` in a received folder's config ran the model folder's
     Python on resume. Refused (exit 2 naming model.trust_remote_code); nothing of it ran."""
@@ -301,6 +302,7 @@ def test_resume_refuses_a_config_yaml_link(tmp_path, tiny_model_dir):
 
 # ----------------------------------------------------------------------------- run.json
 
+@pytest.mark.slow
 def test_run_json_pins_config_and_inputs_and_resume_refuses_changes(tmp_path):
     """An edited config mixed two judges in one ledger, a grown data file gave different
     weights, both silently. run.json records pofe's version, the command and sha256 of
@@ -359,6 +361,7 @@ save_checkpoint(d / "checkpoints" / "step-1", model=torch.nn.Linear(2, 2), step=
 """
 
 
+@pytest.mark.slow
 def test_files_follow_the_umask(tmp_path):
     """Run files were forced to 0644 (and checkpoint folders to 0700) whatever the umask."""
     from _cli import env

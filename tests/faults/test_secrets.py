@@ -92,6 +92,7 @@ def assert_nowhere(res, root: Path):
     return files
 
 
+@pytest.mark.slow
 def test_401_echoing_the_authorization_header_is_redacted_from_the_error(tmp_path, pairs):
     s = EchoServer(lambda n, h: (401, {"error": f"bad key {h.get('Authorization')}", "you_sent": h}))
     try:
@@ -104,6 +105,7 @@ def test_401_echoing_the_authorization_header_is_redacted_from_the_error(tmp_pat
     assert_nowhere(res, tmp_path)
 
 
+@pytest.mark.slow
 def test_some_requests_failing_with_an_echoed_key_keep_it_out_of_verdicts_logs_and_cache(tmp_path, pairs):
     # the first read fails its 3 attempts with a 500 echoing the headers; the other 5 succeed
     s = EchoServer(lambda n, h: (500, {"error": f"boom for {h.get('Authorization')}", "headers": h}) if n < 3 else (200, GOOD))
@@ -121,6 +123,7 @@ def test_some_requests_failing_with_an_echoed_key_keep_it_out_of_verdicts_logs_a
     assert {"verdicts.jsonl", "config.yaml", "c.sqlite"} <= {f.name for f in files}
 
 
+@pytest.mark.slow
 def test_a_200_reply_quoting_the_key_is_redacted_from_raw_texts_and_the_cache(tmp_path, pairs):
     def reply(n, h):
         body = json.loads(json.dumps(GOOD))
@@ -138,6 +141,7 @@ def test_a_200_reply_quoting_the_key_is_redacted_from_raw_texts_and_the_cache(tm
     assert_nowhere(res, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["userinfo", "user-only", "query"])
 def test_a_key_in_the_base_url_is_refused_without_echoing_it(tmp_path, pairs, shape):
     url = {"userinfo": f"http://user:{KEY}@127.0.0.1:9/v1", "user-only": f"http://{KEY}@127.0.0.1:9/v1",
@@ -152,6 +156,7 @@ def test_a_key_in_the_base_url_is_refused_without_echoing_it(tmp_path, pairs, sh
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_key_pasted_into_api_key_env_is_refused_without_echoing_it(tmp_path, pairs):
     res = judge(tmp_path, pairs, "http://127.0.0.1:9/v1", key_env=KEY)
     lines = error_lines(res)
@@ -159,6 +164,7 @@ def test_a_key_pasted_into_api_key_env_is_refused_without_echoing_it(tmp_path, p
     assert_nowhere(res, tmp_path)
 
 
+@pytest.mark.slow
 def test_an_error_quoting_a_secret_env_value_is_masked(tmp_path, pairs):
     # a config error quotes the bad value; the value happens to be the key held in OPENAI_API_KEY
     res = pofe("-v", "judge", str(pairs), "--judge", "openai", "--set", f"judge.endpoint.concurrency={KEY}",

@@ -182,6 +182,7 @@ def test_generated_shots_come_only_from_earlier_iterations():
         assert set(shots) <= set(seeds)
 
 
+@pytest.mark.slow
 def test_completion_fn_sends_a_raw_prompt_not_the_chat_template(tokenizer, tiny_model):
     """The few-shot list reaches the model as written (no system prompt, no user turn)."""
     import torch

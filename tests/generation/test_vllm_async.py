@@ -23,6 +23,7 @@ def _run(tmp_path, model_dir, *sets):
     return summary, read_jsonl(f"{summary['run_dir']}/metrics.jsonl"), read_jsonl(f"{summary['run_dir']}/ledger.jsonl")
 
 
+@pytest.mark.slow
 def test_async_samples_one_step_ahead_except_across_an_evaluation(tmp_path, tiny64_dir):
     _, rows, ledger = _run(tmp_path, tiny64_dir, "mode=async", "train.steps=5", "eval.every=3")
     # step 1 has nothing prefetched; 2 and 3 were drawn during 1 and 2 from the weights before
@@ -40,6 +41,7 @@ def test_async_samples_one_step_ahead_except_across_an_evaluation(tmp_path, tiny
     assert {s for s, _ in kinds} == {1, 2, 3, 4, 5}
 
 
+@pytest.mark.slow
 def test_async_with_weights_that_do_not_move_equals_online(tmp_path, tiny64_dir):
     """lr 1e-30 leaves the fp32 weights where they were (the update is below one ulp, except on exact
     zeros, which move to ~1e-30), so staleness

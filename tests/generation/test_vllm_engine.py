@@ -68,6 +68,7 @@ def _no_stale(model, tok, lr, lora_sync="auto", enforce_eager=True):
     return gen
 
 
+@pytest.mark.slow
 def test_no_stale_weights_full_finetuning(tiny64_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
@@ -87,6 +88,7 @@ def test_no_stale_weights_compiled_engine(tiny64_dir, tokenizer):
     assert not gen.engine.settings.enforce_eager
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora_sync", ["adapter", "merged"])
 def test_no_stale_weights_lora(tiny64_dir, tokenizer, lora_sync):
     """adapter: a new LoRARequest per sync; merged: W + scale * B @ A pushed as full weights."""
@@ -111,6 +113,7 @@ def test_no_stale_weights_lora(tiny64_dir, tokenizer, lora_sync):
         _ids(generate(model, tokenizer, PROMPTS, sampling=_sampling("hf")))
 
 
+@pytest.mark.slow
 def test_sampling_semantics(tiny64_dir, tokenizer):
     """n samples, seed, max tokens, stop at EOS (kept), per-token log-probs (vs HF forward)."""
     from transformers import AutoModelForCausalLM
@@ -145,6 +148,7 @@ def _all(groups):
     return [[x.token_ids for x in g] for g in groups]
 
 
+@pytest.mark.slow
 def test_failed_sync_stops_and_never_samples_old_weights(tiny64_dir, tokenizer, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -186,6 +190,7 @@ def _logprob_gap(model, tokenizer, groups) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_a_sync_drops_prompt_kv_cached_from_old_weights(tiny64_dir, tokenizer):
     """vLLM's prefix cache keeps prompt KV across requests, and reload_weights does not clear it:
     a prompt seen before the update (here 3 times, long enough to fill several KV blocks) must
@@ -211,6 +216,7 @@ def test_a_sync_drops_prompt_kv_cached_from_old_weights(tiny64_dir, tokenizer):
     assert _logprob_gap(model, tokenizer, after) < 2e-3
 
 
+@pytest.mark.slow
 def test_bfloat16_engine_follows_a_merged_lora_update(tiny64_dir, tokenizer):
     """The CPU default (bf16 engine, LoRA pushed merged, cast to bf16 once from the fp32
     merge): after an adapter update the engine samples from the new weights. Log-probs of its

@@ -22,6 +22,7 @@ def _judge(model_dir):
             "judge.cache.enabled=false"]
 
 
+@pytest.mark.slow
 def test_engine_completion_logprobs_equal_the_trainer_pass(tiny64_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
@@ -41,6 +42,7 @@ def test_engine_completion_logprobs_equal_the_trainer_pass(tiny64_dir, tokenizer
     assert float(eng.max()) < -1.0  # real log-probs of random tokens, not zeros
 
 
+@pytest.mark.slow
 def test_a_frozen_generator_pushes_its_file_after_another_model_synced_the_shared_engine(tiny64_dir, tokenizer):
     """freeze(): pi_0's generator lets its model go and, on an engine the policy's generator also
     syncs, pushes pi_0 from its file whenever it reads; no push when the engine already holds it."""
@@ -111,6 +113,7 @@ def _shared_pi0_and_policy(tiny64_dir, tokenizer, **vllm):
     return g0, gp, seqs
 
 
+@pytest.mark.slow
 def test_frozen_weights_are_kept_in_the_shared_engine_and_swapped_back_exactly(tiny64_dir, tokenizer, monkeypatch):
     """After freeze(), the policy's push keeps pi_0's weights in the engine; pi_0's next read swaps them
     back (no file read, no reload) and gives the very bits pi_0 gave before; the policy's next push is an
@@ -151,6 +154,7 @@ def test_frozen_weights_are_kept_in_the_shared_engine_and_swapped_back_exactly(t
     assert eng.kept is None and not eng.frozen  # pi_0's generator gone: nothing kept for it
 
 
+@pytest.mark.slow
 def test_a_swap_that_does_not_reproduce_the_kept_weights_falls_back_to_reloading(tiny64_dir, tokenizer, monkeypatch,
                                                                                  caplog):
     """The first swap is checked against pi_0's probe log-probs: a swap that leaves other weights in
@@ -266,6 +270,7 @@ def test_a_model_loaded_by_embedded_name_gives_its_cache_folder_to_vllm(tiny64_d
     tmp.cleanup()
 
 
+@pytest.mark.slow
 def test_keep_frozen_false_reloads_the_frozen_weights_each_time(tiny64_dir, tokenizer):
     g0, gp, seqs = _shared_pi0_and_policy(tiny64_dir, tokenizer, keep_frozen=False)
     eng = g0.engine
@@ -281,6 +286,7 @@ def test_keep_frozen_false_reloads_the_frozen_weights_each_time(tiny64_dir, toke
     assert torch.allclose(torch.tensor(gp.completion_logprobs(seqs)), torch.tensor(pol), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_direct_push_gives_what_a_reload_gives_and_a_wrong_one_is_caught(tiny64_dir, tokenizer, monkeypatch,
                                                                              caplog):
     """The policy's push skips vLLM's reload machinery (pofe.generation.direct_push); its first use is

@@ -32,6 +32,7 @@ def _per_order(verdicts):
     return [(v.p_ab, v.p_ba) for v in verdicts]
 
 
+@pytest.mark.slow
 def test_pairwise_vllm_equals_transformers(tiny64_dir):
     p, a, b = map(list, zip(*PAIRS))
     want = _judge("llm", tiny64_dir).judge(p, a, b)
@@ -63,12 +64,14 @@ def _read_top1(tiny64_dir, monkeypatch, by_ids: bool):
     return be
 
 
+@pytest.mark.slow
 def test_choice_outside_top_k_is_read_by_id(tiny64_dir, monkeypatch):
     """Every choice spelling is asked for by id (vLLM's logprob_token_ids): one prefill, no exact reads."""
     be = _read_top1(tiny64_dir, monkeypatch, by_ids=True)
     assert (be.stats.calls, be.exact_reads) == (1, 0)
 
 
+@pytest.mark.slow
 def test_choice_outside_top_k_is_read_exactly_without_token_ids(tiny64_dir, monkeypatch):
     """A vLLM without logprob_token_ids: a spelling outside the top-k list is read from the
     prompt log-prob of prompt + choice token, in a second prefill batch."""
@@ -76,6 +79,7 @@ def test_choice_outside_top_k_is_read_exactly_without_token_ids(tiny64_dir, monk
     assert be.stats.calls == 2 and be.exact_reads > 0
 
 
+@pytest.mark.slow
 def test_expected_score_and_rubric_on_vllm(tiny64_dir):
     prompts, responses = ["Name a colour.", "Say hello."], ["Blue.", "Hello!"]
     want = _judge("expected-score", tiny64_dir).score(prompts, responses)
@@ -86,6 +90,7 @@ def test_expected_score_and_rubric_on_vllm(tiny64_dir):
     assert len(rub) == 2 and all(len(r.raw) == 2 and (r.score is None) == (not r.parse_ok) for r in rub)
 
 
+@pytest.mark.slow
 def test_pi0_judge_never_shares_an_engine_a_generator_syncs(tiny64_dir, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -118,6 +123,7 @@ def test_pi0_judge_never_shares_an_engine_a_generator_syncs(tiny64_dir, tokenize
     assert g3.engine is not j2.backend.engine and j2.backend.engine.pinned
 
 
+@pytest.mark.slow
 def test_self_judging_reads_the_current_policy_on_its_own_engine(tiny64_dir, tokenizer):
     """Self-rewarding: the judge is the policy being trained. Built with the live model, the
     vLLM judge reads through the policy's generator (one engine) and sees updated weights."""

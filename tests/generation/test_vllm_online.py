@@ -19,6 +19,7 @@ def _run(tmp_path, model_dir, *sets):
     return summary, read_jsonl(f"{summary['run_dir']}/metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_semi_online_lora_records_syncs_and_staleness(tmp_path, tiny64_dir):
     summary, rows = _run(tmp_path, tiny64_dir, "model.lora.enabled=true", "model.lora.r=8",
                          "sampling.vllm.sync_every=2")
@@ -32,6 +33,7 @@ def test_semi_online_lora_records_syncs_and_staleness(tmp_path, tiny64_dir):
                and r["mean_len"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_online_full_finetuning_syncs_every_step(tmp_path, tiny64_dir):
     _, rows = _run(tmp_path, tiny64_dir)
     assert [r["staleness"] for r in rows] == [0, 0, 0]
@@ -39,6 +41,7 @@ def test_online_full_finetuning_syncs_every_step(tmp_path, tiny64_dir):
     assert all(r["time_sync"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_online_with_a_vllm_annotator_of_the_policy_model(tmp_path, tiny64_dir):
     """judge.kind=vllm on the policy's own model: the annotator is pi_0 read on vLLM (both
     orders labelled), the run finishes and every annotation has a probability."""

@@ -274,6 +274,7 @@ def test_data_parallel_processes_are_refused(fakes, tiny_model, tokenizer, monke
 
 
 # ----------------------------------------------------------------------------- online loop
+@pytest.mark.slow
 def test_online_rows_carry_the_served_version(fakes, tmp_path, tiny_model_dir):
     """``pofe online`` on a fake server: a push on first use and after every step; each row says
     which version the servers hold and that samples were not stale."""
@@ -293,6 +294,7 @@ def test_online_rows_carry_the_served_version(fakes, tmp_path, tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------- sync check
+@pytest.mark.slow
 def test_sync_check_settings_and_gap():
     from pofe.config import ConfigError, load_config
     from pofe.generation.sync_check import SyncCheckError, check, check_ids, logp_gap

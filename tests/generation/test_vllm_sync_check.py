@@ -13,6 +13,7 @@ from tests.generation.conftest import PROMPTS
 pytestmark = pytest.mark.usefixtures("vllm_ok")
 
 
+@pytest.mark.slow
 def test_a_push_that_loads_nothing_is_caught_within_one_step(tiny64_dir, tokenizer, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -51,6 +52,7 @@ def test_a_push_that_loads_nothing_is_caught_within_one_step(tiny64_dir, tokeniz
         generate(model, tokenizer, PROMPTS[:1], sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))[0][0].token_ids
 
 
+@pytest.mark.slow
 def test_an_online_run_stops_at_the_step_whose_push_did_not_load(tmp_path, tiny64_dir, tokenizer, monkeypatch):
     """``pofe online``: the first push loads, every later one is planted to load nothing; the
     run stops with SyncCheckError at the push after step 1 (before step 1's row is written)."""
@@ -88,6 +90,7 @@ def test_an_online_run_stops_at_the_step_whose_push_did_not_load(tmp_path, tiny6
                                                                              "max_model_len": 1024})).sync()
 
 
+@pytest.mark.slow
 def test_mismatch_kl_is_near_zero_on_fresh_weights_and_grows_on_stale_ones(tmp_path, tiny64_dir):
     """``sync/mismatch_kl`` (online, full fine-tuning, fp32 engine): with ``sync_every=2`` the engine
     samples step 2 (and 4) from weights one update old; on the steps sampled right after a push the
@@ -106,6 +109,7 @@ def test_mismatch_kl_is_near_zero_on_fresh_weights_and_grows_on_stale_ones(tmp_p
     assert max(fresh) < 1e-4 and min(stale) > 1e-2, (fresh, stale)
 
 
+@pytest.mark.slow
 def test_rl_logs_mismatch_kl_from_the_vllm_samples(tmp_path, tiny64_dir):
     from pofe.config import load_config
     from pofe.loops.rl import RLConfig, run

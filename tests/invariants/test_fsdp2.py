@@ -44,6 +44,7 @@ def sharded(argv, **kw) -> Result:
     return launch_two(argv, FSDP2, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(EQUAL))  # about 20 s each: not marked slow
 def test_two_sharded_processes_equal_one_with_the_same_global_batch(case, tmp_path, tiny_model_dir):
     command, common = EQUAL[case]

@@ -65,6 +65,7 @@ def _data(command: str, work: Path) -> dict:
     return {"data.prompts": configs.prompts_file(work, 12)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(CASES))
 def test_one_micro_batch_of_8_equals_8_micro_batches_of_1(command, tmp_path, tiny_model_dir):
     fn, common, a, b, metrics = CASES[command]

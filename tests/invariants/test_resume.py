@@ -78,6 +78,7 @@ def _online_ledger_aside(run: Path, point: str) -> None:
 EXTRA = {"online": _online_ledger_aside}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 def test_sigkill_then_resume_equals_the_uninterrupted_run(case, tmp_path, tiny_model_dir):
     cmd, point = case

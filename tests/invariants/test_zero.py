@@ -61,6 +61,7 @@ def launched(argv, *, stage: int = 3, **kw) -> Result:
     return launch_two(argv, zero(stage), **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(EQUAL))  # 11-18 s each here: not marked slow (as test_fsdp2.py's)
 def test_two_zero_processes_equal_one_with_the_same_global_batch(case, tmp_path, tiny_model_dir):
     stage, command, common = EQUAL[case]

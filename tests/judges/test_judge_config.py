@@ -98,6 +98,7 @@ def test_default_model_name_matches_pofe_models():
     assert DEFAULT_JUDGE_MODEL == DEFAULT_MODEL
 
 
+@pytest.mark.slow
 def test_judge_config_modules_import_no_torch():
     code = ("import sys; import pofe.judges, pofe.judges.config, pofe.judges.registry, pofe.judges.backends, "
             "pofe.judges.cache; bad = [m for m in ('torch', 'transformers', 'httpx') if m in sys.modules]; print(bad)")
@@ -106,6 +107,7 @@ def test_judge_config_modules_import_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_cli_typo_in_judge_kind_exits_2_before_any_model_or_run_folder(tmp_path):
     out_dir = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "pofe", "online", "--set", "judge.kind=lenght",

@@ -111,6 +111,7 @@ def test_rubric_on_tiny_model_is_unscored_not_invented(tiny_model, tokenizer):
     assert s.samples == (None, None) and s.score is None and not s.parse_ok
 
 
+@pytest.mark.slow
 def test_pofe_judge_twice_second_run_is_all_cache_hits(tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
 

@@ -35,6 +35,7 @@ def _label(tmp_path, name, judge_dir, *more):
                   "--set", "train.batch_size=2", "--set", "log.progress=false", *more, "--json")
 
 
+@pytest.mark.slow
 def test_label_budget_stops_cleanly_and_a_resume_with_a_larger_budget_equals_the_unlimited_run(tmp_path,
                                                                                              tiny_model_dir):
     full = _label(tmp_path, "full", tiny_model_dir)
@@ -76,6 +77,7 @@ def test_label_budget_stops_cleanly_and_a_resume_with_a_larger_budget_equals_the
     assert f"tokens: {10 * sum(steps)}" in (d / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_judge_command_reports_usage_and_stops_at_its_budget(tmp_path, tiny_model_dir):
     f = _pairs(tmp_path)
     args = ("judge", str(f), "--set", f"run.output_dir={tmp_path}", "--set", "judge.kind=llm", "--set",
@@ -108,6 +110,7 @@ def _online(tmp_path, model_dir, name, *extra):
     return invoke("online", *[a for s in sets for a in ("--set", s)], "--json")
 
 
+@pytest.mark.slow
 def test_online_budget_stop_and_resume_keep_the_running_total(tmp_path, tiny_model_dir):
     full = _online(tmp_path, tiny_model_dir, "full")
     assert full.returncode == 0, full.stderr
@@ -130,6 +133,7 @@ def test_online_budget_stop_and_resume_keep_the_running_total(tmp_path, tiny_mod
     assert resumed[-1]["judge/tokens_in_total"] == sum(steps)
 
 
+@pytest.mark.slow
 def test_rl_pairwise_judge_reward_meters_and_stops(tmp_path, tokenizer, tiny_model_dir):
     from pofe.judges.usage import BudgetError
     from pofe.loops.rl import RLConfig, run
@@ -154,6 +158,7 @@ def test_rl_pairwise_judge_reward_meters_and_stops(tmp_path, tokenizer, tiny_mod
     assert s["judge_usage"]["tokens_in"] == rows[1]["judge/tokens_in_total"]
 
 
+@pytest.mark.slow
 def test_eval_and_audit_report_what_their_judging_cost(tmp_path, tiny_model_dir):
     from pofe.data.calibration import CalibrationItem
     from pofe.evaluation.audit import AuditConfig, run_audit

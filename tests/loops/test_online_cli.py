@@ -31,6 +31,7 @@ def _json(stdout: str) -> dict:
     return json.loads(stdout[stdout.index("{"):])
 
 
+@pytest.mark.slow
 def test_cli_json_summary_and_resume(tmp_path, tiny_model_dir):
     r = CliRunner().invoke(app, ["online", "--json", *_sets(tmp_path, tiny_model_dir, "run.name=r")])
     assert r.exit_code == 0, r.output

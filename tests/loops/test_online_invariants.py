@@ -68,6 +68,7 @@ def test_grad_accumulation_equivalence(tokenizer, loss):
     assert any(float(g.abs().max()) > 1e-4 for g in g1.values())  # the test is not vacuous
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equivalence_through_the_loop(tmp_path, tiny_model_dir):
     """The whole loop in offline mode (same pairs by construction): batch 8 x accum 1 vs
     batch 1 x accum 8 end in the same weights after two AdamW steps."""
@@ -228,6 +229,7 @@ def test_pair_logps_falls_back_to_the_joint_batch_when_the_model_cannot_pack(tok
     torch.testing.assert_close(pair_logps(deaf, pairs, 2, "cpu"), completion_logps(deaf, *pairs_batch(pairs, 2, "cpu")))
 
 
+@pytest.mark.slow
 def test_iterative_resume_restores_the_label_buffer(tmp_path, tiny_model_dir):
     """mode=iterative, K=2: a run stopped after step 3 holds step 4's pairs (labelled at step
     3) in its checkpoint; resuming to step 4 trains on exactly those and ends bit-identical."""

@@ -192,6 +192,7 @@ def test_unlabelled_pairs_are_skipped_and_nothing_is_updated(tmp_path, tokenizer
     assert [r["status"] for r in ledger] == ["unlabelled"] * 4 and all(r["p"] is None for r in ledger)
 
 
+@pytest.mark.slow
 def test_offline_mode_trains_on_a_preference_file_and_a_ledger(tmp_path, tiny_model_dir):
     online = run(tiny_cfg(tmp_path / "a", tiny_model_dir, "eval.enabled=false"))
     ledger = f"{online['run_dir']}/ledger.jsonl"  # the ledger doubles as an offline dataset
@@ -205,6 +206,7 @@ def test_offline_mode_trains_on_a_preference_file_and_a_ledger(tmp_path, tiny_mo
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_iterative_mode_relabels_every_k_steps(tmp_path, tiny_model_dir):
     s = run(tiny_cfg(tmp_path, tiny_model_dir, "mode=iterative", "train.iterative_every=2", "train.steps=4",
                      "eval.enabled=false", "checkpoint.every=1"))
@@ -214,6 +216,7 @@ def test_iterative_mode_relabels_every_k_steps(tmp_path, tiny_model_dir):
     assert sorted({r["step"] for r in ledger if r["kind"] == "loss"}) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_reward_model_annotator(tmp_path, tokenizer, tiny_model_dir):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
@@ -253,6 +256,7 @@ def test_length_judge_shortens_responses(tmp_path, tokenizer):
     assert s["mean_len_last"] < 0.7 * s["mean_len_first"], s
 
 
+@pytest.mark.slow
 def test_llm_annotator_shares_the_initial_weights_and_the_template_steers(tmp_path, tiny_model_dir, monkeypatch):
     """judge.kind=llm with the policy's own weights: the annotator is pi_0 (shared, not
     reloaded: one model load per run) and switching judge.template is the only change

@@ -96,6 +96,7 @@ def _train_tiny(tokenizer, p: float, steps: int, record=()):
     return seen
 
 
+@pytest.mark.slow
 def test_tiny_lm_rm_soft_margin_converges_to_logit_p_and_hard_margin_grows(tokenizer):
     """Acceptance: soft labels p -> margins settle at logit(p); hard labels -> margins keep growing."""
     soft = _train_tiny(tokenizer, 0.8, 150, record=(100, 150))
@@ -185,6 +186,7 @@ def _rm_cfg(tmp_path, tiny_model_dir, name):
                     run={"output_dir": str(tmp_path), "name": name})
 
 
+@pytest.mark.slow
 def test_crash_mid_run_then_resume_is_exact(tmp_path, tiny_model_dir, monkeypatch):
     """``rm --resume`` (it had none): a crash in step 4 after the step-2 checkpoint and step 3's
     metrics row; the resumed run drops step 3's row, redoes 3-6 and ends with the metrics and

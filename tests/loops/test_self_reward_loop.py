@@ -205,6 +205,7 @@ def test_seed_stage_sft_baseline_writes_eft(tmp_path, tiny_model_dir):
     assert m1["rm_metrics"]["n_unscored_responses"] == 4 and m1["rm_metrics"]["pairwise_accuracy"] is None
 
 
+@pytest.mark.slow
 def test_cli_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     """``pofe self-reward --resume RUN`` without --config must not overwrite the run's
     config.yaml with defaults and carry on with a different judge (one candidates.jsonl
@@ -267,6 +268,7 @@ def _variants_cfg(tmp_path, tiny_model_dir, name: str, chunk: int) -> SelfReward
     })
 
 
+@pytest.mark.slow
 def test_cream_and_anchored_rejection_three_iterations(tmp_path, tiny_model_dir):
     """``cream.enabled`` and ``temporal.anchor: m1`` on the tiny model judging itself (the
     expected-score rubric read by probability: every candidate gets a score). Iteration 2 has

@@ -60,6 +60,7 @@ def _check_future(root: Path, it: dict, t: int, prev_model: str) -> None:
     assert yaml.safe_load((root / f"iter_{t}" / "future" / "config.yaml").read_text())["model"]["name"] == prev_model
 
 
+@pytest.mark.slow
 def test_future_guided_chosen_two_iterations_tiny(tmp_path, tiny_model_dir):
     """temporal.future on the tiny model judging itself: M2' is a DPO run from M1 on the anchored
     pairs, its candidates are scored by M1, and aift.jsonl equals the pairs recomputed from the
@@ -72,6 +73,7 @@ def test_future_guided_chosen_two_iterations_tiny(tmp_path, tiny_model_dir):
     assert row["temporal/replaced_chosen"] == s["iterations"][1]["temporal"]["future"]["replaced"]
 
 
+@pytest.mark.slow
 def test_meta_judge_two_iterations_tiny(tmp_path, tiny_model_dir):
     """meta_judge on the tiny random model: the stage files are written and the record counts
     them. A random model never writes "Score: N", so every judgment is unscored and counted,

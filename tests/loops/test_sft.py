@@ -60,6 +60,7 @@ def test_batch_indices_are_epoch_permutations():
     assert batch_indices(5, 3, 4, 7) == batch_indices(5, 3, 4, 7)
 
 
+@pytest.mark.slow
 def test_sft_trains_with_cosine_schedule(tmp_path, tokenizer, tiny_model):
     cfg = _cfg(tmp_path, steps=8)
     out = sft_mod.run(cfg, model=tiny_model, tokenizer=tokenizer, examples=EXAMPLES * 2)
@@ -109,6 +110,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
                        run_dir=run_dir)["already_done"] is True
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_trains_nothing(tmp_path, tokenizer, tiny_model):
     """``--resume`` of a finished run loads its last-step checkpoint and trains no step: the
     checkpoints outlive ``final/`` (deleting them once it was saved made the resume start again
@@ -174,6 +176,7 @@ def test_cli_sft(tmp_path, tiny_model_dir):
     assert (tmp_path / "runs" / out["run_dir"].split("/")[-1] / "final" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     """``pofe sft --resume RUN`` without --config must not overwrite the run's config.yaml
     with defaults (the run would then fail: no data). The run's own config is the truth."""

@@ -80,6 +80,7 @@ def _error_lines(r: subprocess.CompletedProcess) -> list[str]:
 
 # ----------------------------------------------------------------------------- in process
 
+@pytest.mark.slow
 def test_toy_losses_by_hand_through_their_entry_points(toy_site, plugin_path):
     from pofe.loops.online import OnlineConfig
     from pofe.loops.rm import RMConfig

@@ -86,6 +86,7 @@ def _independent_offline(model_dir, tokenizer, rows) -> float:
     return sum(logps) / len(logps)
 
 
+@pytest.mark.slow
 def test_online_run_logs_the_gap_every_step(tmp_path, tiny_model_dir, tokenizer):
     from pofe.loops.online import run
 
@@ -104,6 +105,7 @@ def test_online_run_logs_the_gap_every_step(tmp_path, tiny_model_dir, tokenizer)
     assert s["offpolicy"]["steps"] == 2
 
 
+@pytest.mark.slow
 def test_offline_run_samples_fresh_responses_and_keeps_training_identical(tmp_path, tiny_model_dir):
     from pofe.loops.online import run
 

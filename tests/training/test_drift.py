@@ -73,6 +73,7 @@ def _sets(cal):
             "audit.thresholds.max_abs_length_slope=null"]
 
 
+@pytest.mark.slow
 def test_online_stops_at_the_step_the_position_bias_crosses_and_resumes(tmp_path, tiny_model_dir):
     from pofe.evaluation.report import write_report
     from pofe.loops.online import run

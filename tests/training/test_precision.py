@@ -38,6 +38,7 @@ def test_bf16_dpo_loss_and_gradients_close_to_fp32(tiny_model, tokenizer):
     assert abs(g16.norm() / g32.norm() - 1) < 0.05
 
 
+@pytest.mark.slow
 def test_online_loop_in_bf16_trains_fp32_weights_close_to_fp32(tmp_path, tiny_model_dir):
     """``train.precision=bf16`` through the whole loop (offline mode: the same pairs by
     construction): the loss of each step matches fp32 within bf16's tolerance, the saved
@@ -76,6 +77,7 @@ def _first_losses_and_final(run_fn, precision):
     return losses, load_file(f"{s['run_dir']}/final/model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["sft", "rm", "rl"])
 def test_sft_rm_rl_in_bf16_train_fp32_weights_close_to_fp32(tmp_path, tokenizer, tiny_model_dir, command):
     """``train.precision=bf16`` in pofe sft, rm and rl: the first step's loss (same data and, for
