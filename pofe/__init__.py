@@ -40,6 +40,7 @@ _API: dict[str, str] = {
     # commands
     "run": "pofe.api",
     "make_config": "pofe.api",
+    "config_class": "pofe.config_docs",
     "RunResult": "pofe.api",
     "export": "pofe.api",
     # losses (pure functions with soft labels)
@@ -52,7 +53,7 @@ _API: dict[str, str] = {
     "PreferencePair": "pofe.records",
     "PofeError": "pofe.errors",
     "ConfigError": "pofe.config",
-    # each command's config class (pofe.config_docs.COMMANDS)
+    # the config classes of the commands at the time of writing; pofe.config_class(command) has every one
     "OnlineConfig": "pofe.loops.online",
     "SFTConfig": "pofe.loops.sft",
     "RMConfig": "pofe.loops.rm",
