@@ -131,6 +131,10 @@ def run(command: str, config: Any = None, *, resume: str | Path | None = None,
     Returns:
         :class:`RunResult` ``(run_dir, summary)``.
     """
+    from pofe.errors import PofeError
+    from pofe.runs import discard_unused_runs, forget_fresh_runs
+
+    forget_fresh_runs()  # a new command: only the folders this call creates are ever discarded
     fn = runner(command)
     given = {k: v for k, v in (("resume", resume), ("require_audit", require_audit)) if v is not None}
     takes = inspect.signature(fn).parameters
@@ -139,7 +143,12 @@ def run(command: str, config: Any = None, *, resume: str | Path | None = None,
             raise ConfigError(f"run({command!r}): {key}= is not an option of {command}")
     cfg = _resumed_config(command, config, resume, trust_run_config) if resume is not None \
         else make_config(command, config)
-    summary = fn(cfg, **given)
+    try:
+        summary = fn(cfg, **given)
+    except PofeError as e:
+        if e.exit_code == 2:  # bad input, as on the command line: a fresh run folder with nothing computed goes
+            discard_unused_runs()
+        raise
     run_dir = summary.get("run_dir") if isinstance(summary, dict) else None
     return RunResult(Path(run_dir) if run_dir else None, summary)
 

@@ -20,7 +20,7 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
 
 
-@pytest.mark.slow  # a label and an online run on a tiny model: 3 s (plus 5 s to save the model) on 2 CPU cores
+@pytest.mark.slow  # a label and an online run on a tiny model: 3 s to 23 s on the shared 2-core machine
 def test_the_api_page_runs_as_a_notebook(tmp_path, tiny_model_dir, monkeypatch):
     blocks = python_blocks(PAGE.read_text(encoding="utf-8"))
     assert len(blocks) >= 8
@@ -128,6 +128,19 @@ def test_readme_points_to_the_api_page_and_names_only_exported_functions():
     # functions under `from pofe.<module> import`, none of them importable from pofe)
     shown = set(re.findall(r"\bpofe\.([a-z_]+)\(", readme))
     assert shown and shown <= set(pofe.__all__), shown - set(pofe.__all__)
+
+
+@pytest.mark.slow  # two short runs of a tiny model: 5 s to 13 s on the shared 2-core machine
+def test_run_resumes_a_run_with_its_own_config(tmp_path, tiny_model_dir):
+    import pofe
+
+    cfg = {"model.name": str(tiny_model_dir), "judge": {"kind": "length"}, "train": {"steps": 2, "batch_size": 2},
+           "sampling.max_new_tokens": 4, "eval.enabled": False, "log": {"progress": False, "tensorboard": False},
+           "run.output_dir": str(tmp_path), "checkpoint.every": 1}
+    run_dir, summary = pofe.run("online", cfg)
+    assert (summary["steps"], summary["steps_run"], summary["resumed_from"]) == (2, 2, None)
+    again, resumed = pofe.run("online", resume=run_dir)
+    assert again == run_dir and (resumed["steps"], resumed["steps_run"], resumed["resumed_from"]) == (2, 0, 2)
 
 
 @pytest.mark.slow  # a fresh interpreter: the only way to see what `import pofe` alone imports
