@@ -150,6 +150,16 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name)) or not _HUB_ID.match(name)
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` is tried as a Hugging Face Hub id (not embedded, not a path or folder)."""
+    return name not in EMBEDDED_MODELS and not _looks_local(name)
+
+
+# attn_implementation -> (the module transformers imports for it, the package to install)
+_FLASH_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                   "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}
+
+
 def resolve_model_path(name_or_path: str, *, revision: str | None = None) -> str:
     """Embedded name -> cached safetensors dir; local dir -> itself; else a hub id, checked once
     and fast (a typo'd name must not retry the hub for tens of seconds).
@@ -428,6 +438,14 @@ def load_model(
     cls = model_class or AutoModelForCausalLM
     torch_dtype = _torch_dtype(dtype)
     target = resolve_device(device) if device else None
+    if revision is not None and not is_hub_id(name_or_path):
+        raise ModelError(f"model {name_or_path!r}: a revision ({revision!r}) picks a version of a Hugging Face Hub repo; "
+                         f"this is an embedded model or a local folder")
+    attn = kwargs.get("attn_implementation")
+    if attn in _FLASH_PACKAGES and importlib.util.find_spec(_FLASH_PACKAGES[attn][0]) is None:
+        # transformers' own ImportError would surface as "cannot load the weights"
+        raise ModelError(f"model.attn_implementation {attn} needs the {_FLASH_PACKAGES[attn][1]} package and a CUDA GPU "
+                         f"(pip install {_FLASH_PACKAGES[attn][1].split()[0]}; or use sdpa or eager)")
     path = resolve_model_path(name_or_path, revision=revision)
     config = _check_local(path)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):

@@ -15,7 +15,11 @@ take one step, and what its summary adds -- and :func:`drive` owns everything ar
   closed in ``finally`` whatever the loop raised;
 * ``final/`` (rewritten from the checkpoint when a crash tore it) and ``summary.json`` with the
   same keys in every command: ``command``, ``run_dir``, ``final_model``, ``steps``,
-  ``steps_run``, ``resumed_from``, ``seconds``, then the recipe's own.
+  ``steps_run``, ``resumed_from``, ``seconds``, then the recipe's own (and ``audit``, the
+  ``--require-audit`` verdict, when the run was gated; ``hub`` after a push);
+* ``final/README.md``, the model card (:func:`pofe.hub.model_card`), once ``summary.json`` is
+  written, and the upload of ``final/`` to ``run.push_to_hub`` (checked before the run starts:
+  a command without ``final/``, offline mode, no token; the trackers' packages likewise).
 
 A recipe reads top to bottom as its paper's algorithm: ``setup`` → ``step`` (called for
 ``step = start+1 .. total_steps``) → ``summary``. Commands without weights (``label``, ``cai
@@ -120,6 +124,8 @@ class Recipe:
     label's ``after_batch``), so crash tests written against the command keep reaching it."""
     resumable: ClassVar[bool] = True
     """False: no checkpoints (a command whose output is redone whole, e.g. ``pofe judge``)."""
+    writes_final: ClassVar[bool] = True
+    """False: the command writes no ``final/`` model (``run.push_to_hub`` is refused before it runs)."""
     data_parallel: ClassVar[bool] = False
     """True: the driver builds an accelerator (``model.device``), only rank 0 writes the run folder,
     and the recipe shards each step over ``run.dp`` (False: ``WORLD_SIZE > 1`` is refused)."""
@@ -405,12 +411,14 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     from pofe.training.allocator import bound_primitive_cache, keep_freed_memory
     from pofe.training.checkpoints import final_complete, seed_everything
     from pofe.training.guards import fault_point
-    from pofe.training.tracking import MetricsSink, Progress
+    from pofe.training.tracking import MetricsSink, Progress, check_trackers
 
     cfg = recipe.cfg
     t0 = time.perf_counter()
     bound_primitive_cache()  # before any bf16 matmul (vLLM's warm-up included): memory that levels off
-    gate(require_audit, recipe.audit_identity)  # refused before any data or model loads
+    check_trackers(getattr(cfg, "log", None))  # a missing tracker package: before any folder or model
+    push = _push_target(recipe) if run_dir is None else None  # a stage of a larger run never pushes
+    report = gate(require_audit, recipe.audit_identity)  # refused before any data or model loads
     recipe.load_data()  # a bad file fails in a second, before any run folder or model
     acc = _accelerator(recipe)
     path = _open(recipe, acc, resume=resume, run_dir=run_dir)
@@ -469,8 +477,48 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
                "seconds": round(time.perf_counter() - t0, 2), **_processes(run, recipe), **recipe.summary(history)}
     if stopped is not None:
         summary["stopped"] = {"step": step, "error": str(stopped), "exit_code": stopped.exit_code}
+    if report is not None:
+        summary["audit"] = {"report": str(require_audit), "passed": bool(report.get("passed")),
+                            "judge": report.get("judge"),
+                            "calibration_sha256": (report.get("calibration") or {}).get("sha256")}
     if run.main:
         atomic_write_text(run.dir / "summary.json", json.dumps(summary, indent=2, default=str))
     if stopped is not None:
         raise stopped
+    if run.main and out is not None:
+        write_card(run.dir, Path(out), recipe.command, cfg, summary)
+        if push:
+            from pofe.hub import push as upload
+
+            # after summary.json and the card: a failed upload (one line, exit 1) loses nothing local
+            summary["hub"] = upload(out, push, message=f"pofe {recipe.command}: {run.dir.name}")
+            atomic_write_text(run.dir / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _push_target(recipe: Recipe) -> str | None:
+    """``run.push_to_hub``, checked before anything runs: a command with a ``final/`` to push, and a
+    push that can happen (not offline, a token found)."""
+    repo = getattr(getattr(recipe.cfg, "run", None), "push_to_hub", None)
+    if not repo:
+        return None
+    from pofe.hub import HubConfigError, check_push
+
+    if not recipe.writes_final:
+        raise HubConfigError(f"run.push_to_hub {repo}: pofe {recipe.command} writes no final/ model to push")
+    check_push(repo)
+    return repo
+
+
+def write_card(run_dir: Path, final: Path, command: str, cfg: PofeConfig, summary: dict[str, Any]) -> Path:
+    """``final/README.md``: the model card of this run (:func:`pofe.hub.model_card`) from its config,
+    ``run.json`` and summary (the audit verdict is the summary's ``audit``)."""
+    from pofe.hub import CARD, model_card
+
+    manifest_path = run_dir / "run.json"
+    manifest = json.loads(read_run_bytes(manifest_path)) if manifest_path.exists() else {}
+    text = model_card(command=command, config=cfg.model_dump(mode="json"), manifest=manifest, summary=summary,
+                      audit=summary.get("audit"))
+    path = final / CARD
+    atomic_write_text(path, text)
+    return path

@@ -79,6 +79,12 @@ class RunConfig(PofeConfig):
     """``--resume`` with another number of processes than the checkpoint was written by. Refused
     by default: the global batch (processes x ``train.batch_size``) and each process's data and
     sampling seeds change, so the resumed run is not the one that was started."""
+    push_to_hub: str | None = None
+    """A Hugging Face repo id (``namespace/name``) to upload ``final/`` (with its model card
+    ``README.md``) to when the run ends (``--push-to-hub REPO``); created when missing. Uses
+    ``huggingface_hub``'s token (``HF_TOKEN`` or ``hf auth login``) and ``HF_ENDPOINT``. Offline
+    mode or no token is refused before the run starts; a failed upload is one line naming the repo
+    and the run folder stays complete. Only commands that write ``final/``."""
 
     @field_validator("name", mode="before")
     @classmethod
@@ -88,6 +94,19 @@ class RunConfig(PofeConfig):
         if isinstance(v, (_dt.date, _dt.datetime)) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
             return v.isoformat() if isinstance(v, (_dt.date, _dt.datetime)) else str(v)
         return v
+
+    @field_validator("push_to_hub", mode="before")
+    @classmethod
+    def _repo_text(cls, v: Any) -> Any:
+        # ``--set run.push_to_hub=2024`` is the text typed, not a number (bools stay refused)
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("push_to_hub")
+    @classmethod
+    def _repo_id(cls, v: str | None) -> str | None:
+        from pofe.hub import check_repo_id
+
+        return v if v is None else check_repo_id(v)
 
     @field_validator("name")
     @classmethod
@@ -473,8 +492,8 @@ def verify_run_folder(run_dir: str | Path, *, again: bool = True) -> None:
 # the command line (or an explicit --trust-run-config), never silently from the folder.
 def untrusted_settings(cfg: BaseModel | dict) -> list[tuple[str, Any]]:
     """(dotted key, value) of every setting in ``cfg`` that executes code or sends data out:
-    ``callable`` import paths (judges, rewards), ``trust_remote_code: true``, and the
-    ``base_url`` of an endpoint the config actually uses."""
+    ``callable`` import paths (judges, rewards), ``trust_remote_code: true``, the
+    ``base_url`` of an endpoint the config actually uses, and a ``push_to_hub`` repo."""
     data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
     found: list[tuple[str, Any]] = []
 
@@ -492,6 +511,8 @@ def untrusted_settings(cfg: BaseModel | dict) -> list[tuple[str, Any]]:
                 if k in ("callable", "function", "import_path") and isinstance(v, str) and ":" in v:
                     found.append((sub, v))
                 elif k == "trust_remote_code" and v is True:
+                    found.append((sub, v))
+                elif k == "push_to_hub" and isinstance(v, str):  # uploads the run's model to that repo
                     found.append((sub, v))
                 elif k == "base_url" and isinstance(v, str) and endpoint_in_use(parents[-1] if parents else None):
                     found.append((sub, v))

@@ -46,6 +46,19 @@ def json_only_stdout(value: bool) -> bool:
     return value
 
 
+PushToHubOpt = typer.Option(None, "--push-to-hub", metavar="REPO",
+                            help="Upload final/ (with its model card README.md) to this Hugging Face repo when the "
+                                 "run ends (run.push_to_hub; token from HF_TOKEN or `hf auth login`).")
+
+
+def with_push(sets: Optional[list[str]], repo: Optional[str]) -> Optional[list[str]]:
+    """``--push-to-hub REPO`` as ``--set run.push_to_hub=REPO`` (the text as typed), so that with
+    ``--resume`` it confirms the run folder's own setting as any ``--set`` does."""
+    if repo is None:
+        return sets
+    return [*(sets or []), f"run.push_to_hub={_yaml_quoted(repo)}"]
+
+
 JsonOpt = typer.Option(False, "--json", callback=json_only_stdout,
                        help="Print a JSON summary on stdout at the end (and nothing else there).")
 TrustRunConfigOpt = typer.Option(

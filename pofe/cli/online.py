@@ -9,7 +9,17 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    PushToHubOpt,
+    SetOpt,
+    TrustRunConfigOpt,
+    emit_json,
+    resolve_config,
+    with_push,
+)
 
 
 def describe(summary: dict[str, Any], cfg) -> str:
@@ -43,6 +53,8 @@ def describe(summary: dict[str, Any], cfg) -> str:
     if not s.get("trained_pairs"):
         lines.append("  warning: no pair was trained (the policy is unchanged); see the counts above")
     lines.append(f"  run folder: {s['run_dir']} (config.yaml, metrics.jsonl, ledger.jsonl, checkpoints/, final/)")
+    if s.get("hub"):
+        lines.append(f"  pushed to {s['hub']['url']}")
     return "\n".join(lines)
 
 
@@ -52,6 +64,7 @@ def register(app: typer.Typer) -> None:
     def online(
         config: Optional[Path] = ConfigOpt,
         set_: Optional[list[str]] = SetOpt,
+        push_to_hub: Optional[str] = PushToHubOpt,
         resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR from its latest checkpoint."),
         steps: Optional[int] = typer.Option(None, help="Optimiser steps (train.steps)."),
         mode: Optional[str] = typer.Option(None, help="online | async | iterative | offline (mode)."),
@@ -66,8 +79,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from pofe.loops.online import OnlineConfig
 
-        cfg = resolve_config(OnlineConfig, config, set_, {"train.steps": steps, "mode": mode, "judge.kind": judge,
-                                                          "judge.template": template, "model.name": model}, print_config,
+        extra = {"train.steps": steps, "mode": mode, "judge.kind": judge, "judge.template": template, "model.name": model}
+        cfg = resolve_config(OnlineConfig, config, with_push(set_, push_to_hub), extra, print_config,
                              resume=resume, trust_run_config=trust_run_config)
         from pofe.loops.online import run
 

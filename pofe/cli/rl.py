@@ -11,10 +11,12 @@ from pofe.cli.common import (
     ConfigOpt,
     JsonOpt,
     PrintConfigOpt,
+    PushToHubOpt,
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
     resolve_config,
+    with_push,
 )
 
 
@@ -36,6 +38,7 @@ def register(app: typer.Typer) -> None:
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to train unless this `pofe audit` report passed for the reward's judge."),
         set_: Optional[list[str]] = SetOpt,
+        push_to_hub: Optional[str] = PushToHubOpt,
         trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -46,7 +49,8 @@ def register(app: typer.Typer) -> None:
                  "algo": algo, "train.steps": steps, "run.output_dir": output_dir, "run.name": name}
         if reward_model and not reward:
             extra["reward.kind"] = "reward-model"
-        cfg = resolve_config(RLConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
+        cfg = resolve_config(RLConfig, config, with_push(set_, push_to_hub), extra, print_config, resume=resume,
+                             trust_run_config=trust_run_config)
         s = run(cfg, resume=resume, require_audit=require_audit)  # the audit gate runs before any model loads
         if json_out:
             emit_json(s)
@@ -56,3 +60,5 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"held-out reward {b.get('reward')} -> {a.get('reward')}; length {b.get('length')} -> {a.get('length')} tokens; "
                    f"KL (last 5 steps) {s['last5']['objective/kl']}")
         typer.echo(f"model: {s['final_model']}")
+        if s.get("hub"):
+            typer.echo(f"pushed to {s['hub']['url']}")

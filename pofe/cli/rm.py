@@ -11,10 +11,12 @@ from pofe.cli.common import (
     ConfigOpt,
     JsonOpt,
     PrintConfigOpt,
+    PushToHubOpt,
     SetOpt,
     TrustRunConfigOpt,
     emit_json,
     resolve_config,
+    with_push,
 )
 
 
@@ -35,13 +37,14 @@ def register(app: typer.Typer) -> None:
         require_audit: Optional[Path] = typer.Option(None, "--require-audit",
                                                      help="Refuse to train unless this `pofe audit` report passed for the judge that labelled --train."),
         set_: Optional[list[str]] = SetOpt,
+        push_to_hub: Optional[str] = PushToHubOpt,
         trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         from pofe.loops.rm import RMConfig, run
 
-        cfg = resolve_config(RMConfig, config, set_, {
+        cfg = resolve_config(RMConfig, config, with_push(set_, push_to_hub), {
             "data.train": train or None, "model.name": model, "data.labels": labels, "train.epochs": epochs,
             "train.steps": steps, "run.output_dir": output_dir, "run.name": name}, print_config, resume=resume, trust_run_config=trust_run_config)
         s = run(cfg, resume=resume, require_audit=require_audit)  # the audit gate runs before any model loads
@@ -55,3 +58,5 @@ def register(app: typer.Typer) -> None:
                    f"(labels imply {m.get('label_implied_mean')})")
         typer.echo(f"model: {s['final_model']}  (use as judge: --set judge.kind=reward-model "
                    f"--set judge.reward_model={s['final_model']})")
+        if s.get("hub"):
+            typer.echo(f"pushed to {s['hub']['url']}")

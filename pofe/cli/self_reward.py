@@ -8,7 +8,17 @@ from typing import Any, Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    PushToHubOpt,
+    SetOpt,
+    TrustRunConfigOpt,
+    emit_json,
+    resolve_config,
+    with_push,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +35,7 @@ def register(app: typer.Typer) -> None:
             None, "--require-audit",
             help="Refuse to start unless this `pofe audit` report passed (audit M1 as a judge first)."),
         set_: Optional[list[str]] = SetOpt,
+        push_to_hub: Optional[str] = PushToHubOpt,
         trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -32,7 +43,8 @@ def register(app: typer.Typer) -> None:
         from pofe.loops.self_reward import SelfRewardConfig
 
         extra = {"iterations": iterations, "model.name": model, "run.output_dir": output_dir}
-        cfg = resolve_config(SelfRewardConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
+        cfg = resolve_config(SelfRewardConfig, config, with_push(set_, push_to_hub), extra, print_config, resume=resume,
+                             trust_run_config=trust_run_config)
         from pofe.loops.self_reward import run
 
         # --require-audit: the driver checks the report before any model loads
@@ -43,6 +55,8 @@ def register(app: typer.Typer) -> None:
                        "iterations": rows})
             return
         typer.echo(f"run: {summary['run_dir']}  ({summary['seconds']} s); final model (M{len(rows)}): {summary['final_model']}")
+        if summary.get("hub"):
+            typer.echo(f"pushed to {summary['hub']['url']}")
         for r in rows:
             h = r.get("head_to_head_vs_prev") or {}
             rm = r.get("rm_metrics") or {}

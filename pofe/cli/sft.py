@@ -7,7 +7,17 @@ from typing import Optional
 
 import typer
 
-from pofe.cli.common import ConfigOpt, JsonOpt, PrintConfigOpt, SetOpt, TrustRunConfigOpt, emit_json, resolve_config
+from pofe.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    PrintConfigOpt,
+    PushToHubOpt,
+    SetOpt,
+    TrustRunConfigOpt,
+    emit_json,
+    resolve_config,
+    with_push,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +33,7 @@ def register(app: typer.Typer) -> None:
         resume: Optional[Path] = typer.Option(None, "--resume", help="Continue RUN_DIR with its own config.yaml "
                                                                      "from its latest checkpoint."),
         set_: Optional[list[str]] = SetOpt,
+        push_to_hub: Optional[str] = PushToHubOpt,
         trust_run_config: bool = TrustRunConfigOpt,
         print_config: bool = PrintConfigOpt,
         json_out: bool = JsonOpt,
@@ -31,7 +42,7 @@ def register(app: typer.Typer) -> None:
 
         extra = {"data.ift": ift or None, "data.eft": eft or None, "model.name": model, "train.steps": steps,
                  "run.output_dir": output_dir}
-        cfg = resolve_config(SFTConfig, config, set_, extra, print_config, resume=resume, trust_run_config=trust_run_config)
+        cfg = resolve_config(SFTConfig, config, with_push(set_, push_to_hub), extra, print_config, resume=resume, trust_run_config=trust_run_config)
         from pofe.loops.sft import run
 
         summary = run(cfg, resume=resume)
@@ -41,3 +52,5 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"sft: {summary['steps']} steps on {summary['examples']} examples "
                        f"(dropped {summary['dropped']}); loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}")
             typer.echo(f"model: {summary['final_model']}")
+            if summary.get("hub"):
+                typer.echo(f"pushed to {summary['hub']['url']}")

@@ -53,7 +53,7 @@ def run(cfg: RefusalEvalConfig) -> dict[str, Any]:
     benign = load_prompt_texts(cfg.data.benign, limit=cfg.data.max_prompts)
     harmful = load_prompt_texts(cfg.data.harmful, limit=cfg.data.max_prompts)
     m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                        trust_remote_code=cfg.model.trust_remote_code)
+                        trust_remote_code=cfg.model.trust_remote_code, **cfg.model.load_kwargs())
     rep = evaluate_refusal(m, tok, benign, harmful, sampling=cfg.sampling, seed=cfg.seed)
     rep["model"] = cfg.model.name
     return rep

@@ -131,6 +131,7 @@ class CaiReviseRecipe(Recipe):
     """chunks of prompts -> one critique_revise per step -> sft.jsonl, preferences.jsonl and refusal rates."""
 
     command = "cai-revise"
+    writes_final = False  # no weights: nothing for run.push_to_hub
     data_parallel = True
     outputs = ("revisions.jsonl",)
     show = (("unchanged", "unchanged", "{:d}"),)
@@ -199,7 +200,8 @@ class CaiReviseRecipe(Recipe):
             from pofe.models import load_model
 
             self.policy, self.tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                                                     trust_remote_code=cfg.model.trust_remote_code)
+                                                     trust_remote_code=cfg.model.trust_remote_code,
+                                                     **cfg.model.load_kwargs())
         return critique_revise(self.policy, self.tokenizer, prompts, self.constitution, seed=block_seed(seed, self.dp.rank),
                                rounds=cfg.rounds, sampling=cfg.sampling, critique_sampling=cfg.critique_sampling,
                                few_shot=cfg.few_shot, principle_ids=cfg.principles, generate_fn=self.generate_fn)

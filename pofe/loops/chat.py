@@ -24,7 +24,7 @@ def run(cfg: ChatConfig, prompts: list[str]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     m, tok = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                        trust_remote_code=cfg.model.trust_remote_code)
+                        trust_remote_code=cfg.model.trust_remote_code, **cfg.model.load_kwargs())
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     outs = generate(m, tok, prompts, n=1, sampling=cfg.sampling, seed=cfg.seed)

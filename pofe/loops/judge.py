@@ -106,6 +106,7 @@ class JudgeRecipe(Recipe):
     """Rows judged in batches of ``batch_size`` (one driver step each), verdicts written after each batch."""
 
     command = "judge"
+    writes_final = False  # no weights: nothing for run.push_to_hub
     data_parallel = True
     resumable = False  # a verdicts file is one run's output: a new run relabels (the judge cache makes it cheap)
     show = (("mean_p", "p", "{:.2f}"),)

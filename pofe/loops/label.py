@@ -132,6 +132,7 @@ class LabelRecipe(Recipe):
     """pairs fixed in setup -> one judged batch per step -> preferences.jsonl and the judge-fitness summary."""
 
     command = "label"
+    writes_final = False  # no weights: nothing for run.push_to_hub
     data_parallel = True
     outputs = ("labels.jsonl",)
     step_faults = ("after_batch",)
@@ -210,7 +211,8 @@ class LabelRecipe(Recipe):
             from pofe.models import load_model
 
             self.policy, self.tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                                                     trust_remote_code=cfg.model.trust_remote_code)
+                                                     trust_remote_code=cfg.model.trust_remote_code,
+                                                     **cfg.model.load_kwargs())
         return sample_pairs(self.policy, self.tokenizer, prompts, cfg.sampling, block_seed(cfg.seed, self.dp.rank))
 
     def restore(self, run: RunContext) -> None:

@@ -49,6 +49,31 @@ class LoadConfig(DeviceConfig):
     """Embedded name, Hugging Face id or local directory (a saved ``adapter/`` folder works too)."""
     trust_remote_code: bool = False
     """Only enabled when asked: remote code runs arbitrary Python."""
+    revision: str | None = None
+    """A branch, tag or commit of the Hugging Face Hub repo ``name`` (None: its main branch). Refused
+    for an embedded name or a local folder, whose files are what they are."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = None
+    """The attention kernel transformers builds the model with (``from_pretrained(attn_implementation=)``);
+    None: transformers' choice (``sdpa`` where the model supports it). ``flash_attention_2`` / ``_3``
+    need the flash-attn package and a CUDA GPU."""
+
+    @model_validator(mode="after")
+    def _revision_of_a_hub_id(self):
+        if self.revision is not None:
+            from pofe.models import EMBEDDED_MODELS, is_hub_id
+
+            if not self.revision.strip():
+                raise ValueError("model.revision must be a branch, tag or commit (or null)")
+            if not is_hub_id(self.name):
+                what = "an embedded model" if self.name in EMBEDDED_MODELS else "a local folder"
+                raise ValueError(f"model.revision {self.revision!r} picks a version of a Hugging Face Hub repo; "
+                                 f"model.name {self.name!r} is {what} (drop model.revision)")
+        return self
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """``revision`` and ``attn_implementation`` for :func:`pofe.models.load_model`, where set."""
+        return {k: v for k, v in (("revision", self.revision), ("attn_implementation", self.attn_implementation))
+                if v is not None}
 
 
 class ModelConfig(LoadConfig):
@@ -95,7 +120,8 @@ def load_policy(cfg: ModelConfig, *, model=None, tokenizer=None):
     """Load the policy on ``cfg.device`` (or wrap a given in-memory ``model``); apply a new
     LoRA adapter when enabled, or continue the existing ``cfg.adapter`` (trainable)."""
     if model is None:
-        model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code)
+        model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
+                                      **cfg.load_kwargs())
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

@@ -65,7 +65,7 @@ def load_reward_model(cfg: ModelConfig):
     from pofe.models import load_model
 
     model, tok = load_model(cfg.name, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
-                            model_class=AutoModelForSequenceClassification, num_labels=1,
+                            model_class=AutoModelForSequenceClassification, num_labels=1, **cfg.load_kwargs(),
                             fresh_head=True)  # a causal LM gets a new score head here: the one weight made fresh
     return wrap_reward_model(model, cfg, pad_token_id=tok.pad_token_id), tok
 

@@ -70,7 +70,17 @@ def judge_runtime(cfg, model, tok, tag: str, jcfg=None) -> dict[str, Any]:
 def load_stage_model(name: str, cfg):
     from pofe.models import load_model
 
-    return load_model(name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code)
+    return load_model(name, dtype=cfg.model.dtype, device=cfg.model.device, trust_remote_code=cfg.model.trust_remote_code,
+                      **stage_load_kwargs(cfg, name))
+
+
+def stage_load_kwargs(cfg, name: str) -> dict[str, Any]:
+    """``model.attn_implementation`` for every stage's model; ``model.revision`` only for M1 itself
+    (the later models are folders of this run)."""
+    kw = cfg.model.load_kwargs()
+    if str(name) != cfg.model.name:
+        kw.pop("revision", None)
+    return kw
 
 
 def checkpoint_policy(cfg, prev_model: str, ckpt: Path | None, final: Path):
@@ -81,7 +91,8 @@ def checkpoint_policy(cfg, prev_model: str, ckpt: Path | None, final: Path):
     if ckpt is None:
         return load_stage_model(str(final), cfg)
     mcfg = ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
-                       trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
+                       trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora,
+                       **stage_load_kwargs(cfg, prev_model))
     model, tok = load_policy(mcfg)
     load_checkpoint(ckpt, model=model, restore_rng=False)
     model.eval()
@@ -201,7 +212,7 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
     return online.OnlineConfig(
         mode="offline", seed=stage_seed(cfg.seed, name, t),
         model=ModelConfig(name=str(prev_model), dtype=cfg.model.dtype, device=cfg.model.device,
-                          trust_remote_code=cfg.model.trust_remote_code,
+                          trust_remote_code=cfg.model.trust_remote_code, **stage_load_kwargs(cfg, prev_model),
                           gradient_checkpointing=cfg.model.gradient_checkpointing, lora=cfg.model.lora),
         loss=online.LossSettings(name="dpo", beta=d.beta, labels=labels),
         optim=d.optim,

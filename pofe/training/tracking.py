@@ -4,11 +4,23 @@ different commands read and overlay the same way."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import model_validator
+
 from pofe.config import PofeConfig
+from pofe.errors import PofeError
 from pofe.runs import JsonlWriter, check_run_path
+
+
+class TrackerMissing(PofeError):
+    """A tracker the config turns on whose package is not installed: found before the run folder
+    or any model exists (exit 2: install it or turn the tracker off)."""
+
+    exit_code = 2
 
 
 class LogConfig(PofeConfig):
@@ -17,15 +29,62 @@ class LogConfig(PofeConfig):
     tensorboard: bool | None = None
     """None = when tensorboard is installed."""
     wandb: bool = False
+    """Log each step's metrics to Weights & Biases (needs the ``wandb`` package; checked before the run starts)."""
+    wandb_project: str = "pofe"
+    """W&B project of the run (``log.wandb``)."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team) owning the project; None = your default entity."""
+    wandb_tags: list[str] = []
+    """W&B tags of the run."""
+    wandb_group: str | None = None
+    """W&B group the run belongs to (e.g. one sweep)."""
     mlflow: bool = False
+    """Log each step's metrics to MLflow (needs the ``mlflow`` package; checked before the run starts)."""
+    mlflow_experiment: str | None = None
+    """MLflow experiment the run goes into (created when missing); None = MLflow's default."""
     progress: bool = True
     """Progress bar with ETA on stderr (main process)."""
+
+    @model_validator(mode="after")
+    def _settings_of_an_enabled_tracker(self):
+        # a W&B / MLflow setting with its tracker off does nothing: say so instead of ignoring it
+        for tracker, keys in (("wandb", ("wandb_project", "wandb_entity", "wandb_tags", "wandb_group")),
+                              ("mlflow", ("mlflow_experiment",))):
+            # compared with the defaults: a loaded config has every key set (the defaults are merged in)
+            set_ = [k for k in keys if getattr(self, k) != type(self).model_fields[k].default]
+            if set_ and not getattr(self, tracker):
+                raise ValueError(f"log.{set_[0]} is set but log.{tracker} is false (set log.{tracker}: true)")
+        for k in ("wandb_project", "wandb_entity", "wandb_group", "mlflow_experiment"):
+            v = getattr(self, k)
+            if v is not None and (not v.strip() or any(ord(c) < 32 for c in v)):
+                raise ValueError(f"log.{k} {v!r}: must be a non-empty name on one line")
+        return self
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules:  # None there: imports of it are blocked
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_trackers(log: LogConfig | None) -> None:
+    """Refuse a tracker turned on whose package is missing, before the run folder or any model
+    exists (found after the model loaded, it once left an empty run folder)."""
+    if log is None:
+        return
+    for tracker, package in (("wandb", "wandb"), ("mlflow", "mlflow"), ("tensorboard", "tensorboard")):
+        if getattr(log, tracker) is True and not _installed(package):
+            raise TrackerMissing(f"tracker {tracker} needs the {package} package: pip install {package}")
 
 
 class MetricsSink:
     """metrics.jsonl plus optional TensorBoard / W&B / MLflow."""
 
     def __init__(self, run_dir: Path, log: LogConfig, *, config: dict):
+        check_trackers(log)  # the driver checked before the run; a library caller gets the same line
         self.jsonl = JsonlWriter(Path(run_dir) / "metrics.jsonl")
         self.tb = self._wandb = self._mlflow = None
         if log.tensorboard is not False:
@@ -36,19 +95,18 @@ class MetricsSink:
                 self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
             except ImportError:
                 if log.tensorboard:
-                    raise RuntimeError("log.tensorboard is true but tensorboard is not installed: pip install tensorboard") from None
+                    raise TrackerMissing("tracker tensorboard needs the tensorboard package: pip install tensorboard") from None
         if log.wandb:
-            try:
-                import wandb as _wandb
-            except ImportError:
-                raise RuntimeError("log.wandb is true but wandb is not installed: pip install wandb") from None
+            import wandb as _wandb
+
             check_run_path(Path(run_dir) / "wandb")
-            self._wandb = _wandb.init(project="pofe", name=Path(run_dir).name, config=config, dir=str(run_dir))
+            self._wandb = _wandb.init(project=log.wandb_project, entity=log.wandb_entity, tags=list(log.wandb_tags) or None,
+                                      group=log.wandb_group, name=Path(run_dir).name, config=config, dir=str(run_dir))
         if log.mlflow:
-            try:
-                import mlflow as _mlflow
-            except ImportError:
-                raise RuntimeError("log.mlflow is true but mlflow is not installed: pip install mlflow") from None
+            import mlflow as _mlflow
+
+            if log.mlflow_experiment:
+                _mlflow.set_experiment(log.mlflow_experiment)
             _mlflow.start_run(run_name=Path(run_dir).name)
             self._mlflow = _mlflow
 

@@ -308,7 +308,7 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
 # driver (``recipe``) -> the commands (``loops``, ``annotate``) -> the CLI.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["pofe", "errors", "paths", "secrets", "config", "records", "labels", "losses", "plugins",
-                     "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders"], 0),
+                     "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders", "hub"], 0),
     "training": 1,
     **dict.fromkeys(["data", "generation", "judges"], 2),
     "evaluation": 3,

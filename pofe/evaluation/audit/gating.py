@@ -162,11 +162,12 @@ def self_reward_identity(judge_cfg, model_name: str) -> dict[str, Any]:
             "template_hash": ident.get("template_hash")}
 
 
-def gate(report_path: str | Path | None, identity: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+def gate(report_path: str | Path | None, identity: dict[str, Any] | Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
     """The one call a CLI command makes for ``--require-audit`` (before any model loads):
     nothing without a report; else :func:`require_audit` for ``identity`` (a dict, or a
     function computing it, e.g. from the label files). A refusal is an :class:`AuditError`,
-    which the CLI prints as one line with exit status 2 (library code never exits itself)."""
+    which the CLI prints as one line with exit status 2 (library code never exits itself).
+    Returns the passed report (None without one): the run's model card states it."""
     if report_path is None:
-        return
-    require_audit(report_path, identity() if callable(identity) else identity)
+        return None
+    return require_audit(report_path, identity() if callable(identity) else identity)
