@@ -131,15 +131,24 @@ def test_readme_points_to_the_api_page_and_names_only_exported_functions():
 
 
 @pytest.mark.slow  # two short runs of a tiny model: 5 s to 13 s on the shared 2-core machine
-def test_run_resumes_a_run_with_its_own_config(tmp_path, tiny_model_dir):
+def test_run_resumes_a_run_with_its_own_config(tmp_path, tiny_model_dir, monkeypatch):
     import pofe
 
-    cfg = {"model.name": str(tiny_model_dir), "judge": {"kind": "length"}, "train": {"steps": 2, "batch_size": 2},
-           "sampling.max_new_tokens": 4, "eval.enabled": False, "log": {"progress": False, "tensorboard": False},
-           "run.output_dir": str(tmp_path), "checkpoint.every": 1}
+    # a judge that runs code named in the config: a resumed run must not run it unasked
+    (tmp_path / "shorter_value.py").write_text("def value(prompt, response, reference=None):\n    return -len(response)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = {"model.name": str(tiny_model_dir), "judge": {"kind": "callable", "callable": "shorter_value:value"},
+           "train": {"steps": 2, "batch_size": 2}, "sampling.max_new_tokens": 4, "eval.enabled": False,
+           "log": {"progress": False, "tensorboard": False}, "run.output_dir": str(tmp_path / "runs"),
+           "checkpoint.every": 1}
     run_dir, summary = pofe.run("online", cfg)
     assert (summary["steps"], summary["steps_run"], summary["resumed_from"]) == (2, 2, None)
-    again, resumed = pofe.run("online", resume=run_dir)
+    with pytest.raises(pofe.PofeError) as e:
+        pofe.run("online", resume=run_dir)
+    assert str(e.value) == (f"run('online', resume={str(run_dir)!r}): the run folder's config.yaml sets judge.callable: "
+                            f"shorter_value:value, which runs code or sends the run's data out; a run folder is not "
+                            f"trusted: pass trust_run_config=True")
+    again, resumed = pofe.run("online", resume=run_dir, trust_run_config=True)
     assert again == run_dir and (resumed["steps"], resumed["steps_run"], resumed["resumed_from"]) == (2, 0, 2)
 
 
