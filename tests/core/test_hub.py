@@ -260,3 +260,25 @@ def test_export_pushes_its_file_to_a_dataset_repo(tmp_path, monkeypatch):
     assert hub.repos == [("dataset", "me/pairs")]
     assert hub.files == {("dataset", "me/pairs"): {"trl.jsonl": out.read_bytes()}}
     assert f"pushed to {hub.url}/me/pairs" in res.output.splitlines()
+
+
+def test_cli_refusals_come_before_any_run_folder(tmp_path, monkeypatch):
+    from pofe.cli.main import app
+
+    ift = tmp_path / "ift.jsonl"
+    ift.write_text(json.dumps({"prompt": "Q?", "response": "A."}) + "\n")
+    runs = tmp_path / "runs"
+    base = ["sft", "--ift", str(ift), "--output-dir", str(runs), "--steps", "1"]
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    res = CliRunner().invoke(app, [*base, "--set", "log.wandb=true"])
+    assert (res.exit_code, res.output.strip()) == (2, "error: tracker wandb needs the wandb package: pip install wandb")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    res = CliRunner().invoke(app, [*base, "--push-to-hub", "me/sft"])
+    assert res.exit_code == 2
+    assert res.output.strip() == ("error: run.push_to_hub me/sft: HF_HUB_OFFLINE is set, so nothing can be pushed "
+                                  "(unset it, or drop run.push_to_hub)")
+    res = CliRunner().invoke(app, [*base, "--push-to-hub", "not a repo"])
+    assert res.exit_code == 2 and "'not a repo' is not a Hugging Face repo id" in res.output
+    assert not runs.exists()  # refused before the run folder's parent was even made
