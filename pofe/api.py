@@ -206,7 +206,7 @@ def judge_pairs(judge: Any, prompts: Sequence[str], responses_a: Sequence[str], 
 
 
 def label_prompts(model: Any, prompts: Sequence[str], judge: Any, *, tokenizer: Any = None,
-                  sampling: Any = None, seed: int = 0) -> list:
+                  sampling: Any = None, seed: int = 0, device: str | None = None) -> list:
     """Sample two responses per prompt from ``model`` and label each pair with ``judge`` (the
     RL-CAI labelling of ``pofe label``, in memory): a :class:`pofe.records.PreferencePair` per
     labelled prompt, oriented (``chosen`` = the preferred response, ``p`` = max(p, 1 - p) the soft
@@ -214,7 +214,8 @@ def label_prompts(model: Any, prompts: Sequence[str], judge: Any, *, tokenizer: 
     no preference and an unreadable verdict has no label: both are left out.
 
     ``model``: a name, hub id or folder (loaded with :func:`pofe.models.load_model`) or a loaded
-    model with its ``tokenizer``; ``sampling``: a :class:`pofe.generation.base.SamplingConfig` or a
+    model with its ``tokenizer`` (``device``: where a named model loads, ``auto|cpu|cuda|mps``;
+    None: the CPU); ``sampling``: a :class:`pofe.generation.base.SamplingConfig` or a
     dict of its keys."""
     from pofe.generation.base import SamplingConfig
     from pofe.generation.pairs import sample_pairs
@@ -223,7 +224,7 @@ def label_prompts(model: Any, prompts: Sequence[str], judge: Any, *, tokenizer: 
     if isinstance(model, (str, Path)):
         from pofe.models import load_model
 
-        model, tokenizer = load_model(str(model))
+        model, tokenizer = load_model(str(model), device=device)
     elif tokenizer is None:
         raise ConfigError("label_prompts: a loaded model needs its tokenizer= (or pass the model's name or folder)")
     if not isinstance(sampling, SamplingConfig):
