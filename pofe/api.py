@@ -190,13 +190,16 @@ def judge_pairs(judge: Any, prompts: Sequence[str], responses_a: Sequence[str], 
     reads in ``p_ab`` / ``p_ba``, ``None`` where the judge could not read a verdict (never
     invented). ``judge``: a judge object (:func:`pofe.judges.build_judge`) or its config as a dict;
     a pointwise judge compares the two scores. ``pofe judge`` does the same on a file."""
-    from pofe.judges.base import as_pairwise, check_batch
+    from pofe.data.io import DataError
+    from pofe.judges.base import as_pairwise
 
     judge = as_pairwise(_judge(judge))
     prompts, responses_a, responses_b = list(prompts), list(responses_a), list(responses_b)
-    check_batch(prompts, responses_a, responses_b)
-    if references is not None and len(references) != len(prompts):
-        raise ValueError(f"judge_pairs: {len(references)} references for {len(prompts)} prompts")
+    sizes = {"prompts": len(prompts), "responses_a": len(responses_a), "responses_b": len(responses_b)}
+    if references is not None:
+        sizes["references"] = len(references)
+    if len(set(sizes.values())) > 1:
+        raise DataError("judge_pairs: one of each per pair, got " + ", ".join(f"{n} {k}" for k, n in sizes.items()))
     out: list = []
     for i in range(0, len(prompts), max(1, batch_size)):
         part = slice(i, i + batch_size)

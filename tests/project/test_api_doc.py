@@ -115,6 +115,9 @@ def test_judge_pairs_and_audit_in_memory(tmp_path):
     assert report["metrics"]["agreement"] == 0.5  # right on the first, wrong on the second
     # a judge built from a config here is vouched for by that config, as `pofe audit --judge` does
     assert report["judge_identity"]["kind"] == "length" and report["judge_identity"]["prefer"] == "longer"
+    with pytest.raises(pofe.PofeError, match=r"^judge_pairs: one of each per pair, got 2 prompts, 2 responses_a, "
+                                             r"1 responses_b$"):
+        pofe.judge_pairs({"kind": "length"}, ["q", "q"], ["a", "b"], ["c"])
     with pytest.raises(pofe.PofeError, match=r"^items\[1\]: missing 'label'$"):
         pofe.audit({"kind": "length"}, [items[0], {"prompt": "q", "response_a": "a", "response_b": "b"}])
 
