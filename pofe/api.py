@@ -248,7 +248,9 @@ def _calibration_items(items: Any) -> list:
     if isinstance(items, (str, Path)):
         items = [items]
     items = list(items)
-    if items and all(isinstance(x, (str, Path)) for x in items):
+    if not items:
+        raise DataError("audit: no labelled pairs given (items is empty)")
+    if all(isinstance(x, (str, Path)) for x in items):
         return load_calibration(items)
     out = []
     for i, x in enumerate(items):

@@ -118,6 +118,8 @@ def test_judge_pairs_and_audit_in_memory(tmp_path):
     with pytest.raises(pofe.PofeError, match=r"^judge_pairs: one of each per pair, got 2 prompts, 2 responses_a, "
                                              r"1 responses_b$"):
         pofe.judge_pairs({"kind": "length"}, ["q", "q"], ["a", "b"], ["c"])
+    with pytest.raises(pofe.PofeError, match=r"^audit: no labelled pairs given \(items is empty\)$"):
+        pofe.audit({"kind": "length"}, [])
     with pytest.raises(pofe.PofeError, match=r"^items\[1\]: missing 'label'$"):
         pofe.audit({"kind": "length"}, [items[0], {"prompt": "q", "response_a": "a", "response_b": "b"}])
 
