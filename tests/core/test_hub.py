@@ -150,8 +150,11 @@ class ToyRecipe(Recipe):
         return {"mse": 1.0 / step}
 
     def save_final(self, out):
+        from pofe.training.checkpoints import FINAL_MARKER
+
         out.mkdir()
         (out / "weights.bin").write_bytes(b"\x00\x01")
+        (out / FINAL_MARKER).write_text(json.dumps({"files": {"weights.bin": 2}}))  # whole: a resume keeps it
         return out
 
     def summary(self, history):
@@ -169,7 +172,8 @@ def test_the_driver_writes_the_card_then_pushes_final(tmp_path, monkeypatch):
     final = tmp_path / "t" / "final"
     card = (final / "README.md").read_text()
     assert "| mse | 0.5 |  |" in card.splitlines()
-    assert hub.files == {("model", "me/toy"): {"weights.bin": b"\x00\x01", "README.md": card.encode()}}
+    assert hub.files == {("model", "me/toy"): {"weights.bin": b"\x00\x01", "README.md": card.encode(),
+                                               "pofe_final.json": b'{"files": {"weights.bin": 2}}'}}
     assert s["hub"]["repo"] == "me/toy"
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["hub"] == s["hub"]
 
@@ -183,6 +187,12 @@ def test_a_failed_push_leaves_the_run_folder_complete(tmp_path, monkeypatch):
     run = tmp_path / "t"
     assert json.loads((run / "summary.json").read_text())["mse"] == 0.5
     assert (run / "final" / "README.md").is_file() and (run / "final" / "weights.bin").read_bytes() == b"\x00\x01"
+    # --resume of the finished run retries the push: nothing is recomputed, final/ goes up as it is
+    with HubStandIn() as hub:
+        point_hub_at(monkeypatch, hub)
+        s = drive(ToyRecipe(Toy(run=RunConfig(output_dir=str(tmp_path), name="t", push_to_hub="me/toy"))), resume=run)
+    assert s["steps_run"] == 0 and s["hub"]["repo"] == "me/toy"
+    assert hub.files[("model", "me/toy")]["weights.bin"] == b"\x00\x01"
 
 
 def test_push_from_a_command_without_final_is_refused_before_anything(tmp_path):
