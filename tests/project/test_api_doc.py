@@ -115,6 +115,16 @@ def test_judge_pairs_and_audit_in_memory(tmp_path):
     assert report["metrics"]["agreement"] == 0.5  # right on the first, wrong on the second
     # a judge built from a config here is vouched for by that config, as `pofe audit --judge` does
     assert report["judge_identity"]["kind"] == "length" and report["judge_identity"]["prefer"] == "longer"
+    # the same pairs from a file, and `pofe audit` itself through run(): the same numbers
+    import json
+
+    calibration = tmp_path / "calibration.jsonl"
+    calibration.write_text("".join(json.dumps(x) + "\n" for x in items))
+    assert pofe.audit({"kind": "length", "prefer": "longer"}, calibration, {"contrasts": False})["metrics"]["agreement"] == 0.5
+    run_dir, same = pofe.run("audit", {"data.calibration": [str(calibration)], "judge": {"kind": "length", "prefer": "longer"},
+                                       "contrasts": False})
+    assert run_dir is None and same["metrics"]["agreement"] == 0.5 and same["judge_config"]["prefer"] == "longer"
+    assert same["judge_identity"] == report["judge_identity"]  # what --require-audit compares: the same judge
     with pytest.raises(pofe.PofeError, match=r"^judge_pairs: one of each per pair, got 2 prompts, 2 responses_a, "
                                              r"1 responses_b$"):
         pofe.judge_pairs({"kind": "length"}, ["q", "q"], ["a", "b"], ["c"])
