@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pofe.errors import PofeError
 
@@ -130,7 +131,7 @@ def _at(d: Any, path: Iterable) -> Any:
     for k in path:
         if isinstance(d, dict) and k in d:
             d = d[k]
-        elif isinstance(d, list) and isinstance(k, int) and -len(d) <= k < len(d):
+        elif isinstance(d, list) and isinstance(k, int) and -len(d) <= k < len(d):  # -1: the last iteration
             d = d[k]
         else:
             return None

@@ -54,7 +54,7 @@ class HubStandIn:
                 if path == "/api/validate-yaml":  # the Hub checks a README.md's front matter before the upload
                     content = json.loads(body)["content"]
                     hub.validated.append(content)
-                    m = re.match(r"---\n(.*?)\n---\n", content, re.S)
+                    m = re.match(r"---\n(.*?)\n---\n", content, re.DOTALL)
                     try:
                         ok = m is None or isinstance(yaml.safe_load(m.group(1)), dict)
                     except yaml.YAMLError:
@@ -92,7 +92,7 @@ class HubStandIn:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "HubStandIn":
+    def __enter__(self) -> HubStandIn:
         self.thread.start()
         return self
 

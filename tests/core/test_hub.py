@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,7 +14,14 @@ from _hub_standin import HubStandIn, point_hub_at
 from typer.testing import CliRunner
 
 from pofe.config import ConfigError, PofeConfig, load_config
-from pofe.hub import HubConfigError, HubPushError, check_push, headline, model_card, push
+from pofe.hub import (
+    HubConfigError,
+    HubPushError,
+    check_push,
+    headline,
+    model_card,
+    push,
+)
 from pofe.recipe import CheckpointConfig, Recipe, drive
 from pofe.runs import RunConfig, untrusted_settings
 from pofe.training.tracking import LogConfig, TrackerMissing, check_trackers
