@@ -145,7 +145,8 @@ def margin_metrics(margins: Sequence[float], p: Sequence[float], *, bins: int = 
     """Held-out metrics of a reward model's margins Δr = r(chosen) − r(rejected) against labels p
     (``pofe rm``; rlaif-constitutional-ai, "Overconfident labels").
 
-    * accuracy: over pairs with p ≠ ½, the share where sign(Δr) = sign(p − ½); Δr = 0 is a miss.
+    * accuracy: over pairs with p ≠ ½, the share where sign(Δr) = sign(p − ½); Δr = 0 is a miss;
+      ``accuracy_ci95`` its 95% Wilson interval.
     * calibration: the predicted q = σ(Δr) against the label p in ``bins`` equal bins of q.
       Each pair enters twice, as (q, p) and (1 − q, 1 − p): the orientation of a pair is
       arbitrary, and without the mirror every point of a chosen-first dataset would sit in
@@ -167,6 +168,10 @@ def margin_metrics(margins: Sequence[float], p: Sequence[float], *, bins: int = 
     decided = y != 0.5
     correct = ((m > 0) & (y > 0.5)) | ((m < 0) & (y < 0.5))
     acc = float(correct[decided].double().mean()) if decided.any() else None
+    from pofe.evaluation.stats import wilson_interval
+
+    # the Wilson interval of the accuracy (the win-rate rule's): what the model card shows next to it
+    ci = list(wilson_interval(int(correct[decided].sum()), int(decided.sum()))) if decided.any() else None
     q = torch.sigmoid(m)
     qs, ys = torch.cat([q, 1 - q]), torch.cat([y, 1 - y])
     idx = torch.clamp((qs * bins).long(), max=bins - 1)
@@ -183,7 +188,8 @@ def margin_metrics(margins: Sequence[float], p: Sequence[float], *, bins: int = 
     soft = (y > 0) & (y < 1)
     target = float(torch.tensor([logit(float(v)) for v in y[soft]]).mean()) if soft.any() else None
     return {
-        "n": n, "accuracy": acc, "n_decided": int(decided.sum()), "loss": float(soft_bt_loss(m, y).mean()),
+        "n": n, "accuracy": acc, "accuracy_ci95": ci, "n_decided": int(decided.sum()),
+        "loss": float(soft_bt_loss(m, y).mean()),
         "ece": ece, "reliability": table,
         "margin": {
             "mean": float(m.mean()), "std": float(m.std()) if n > 1 else 0.0, "mean_abs": float(m.abs().mean()),

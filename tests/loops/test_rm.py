@@ -42,6 +42,8 @@ def test_eval_metrics_by_hand():
     ev = rm_eval_metrics([1.0, -1.0, 2.0, 0.0], [1.0, 1.0, 0.5, 0.0])
     # decided pairs: #0 right, #1 wrong, #3 margin 0 = miss (the p = .5 pair is not decided)
     assert ev["accuracy"] == pytest.approx(1 / 3) and ev["n_decided"] == 3
+    # Wilson, z = 1.96, 1 of 3: centre (1/3 + z²/6) / (1 + z²/3), half-width z·sqrt(2/27 + z²/36) / (1 + z²/3)
+    assert ev["accuracy_ci95"] == pytest.approx([0.06149, 0.79234], abs=1e-5)
     # one pair at q = 0.9 with label 1: mirrored (0.1, 0): two bins, each off by 0.1 -> ECE 0.1
     ev = rm_eval_metrics([logit(0.9)], [1.0])
     assert ev["ece"] == pytest.approx(0.1, abs=1e-9)
