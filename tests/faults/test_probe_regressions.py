@@ -1,4 +1,4 @@
-"""Regression tests for what the probe re-run (``scripts/probes.py``) found: one test
+"""Regression tests for what the probe re-run (``tests/faults/probe_suite.py``) found: one test
 per class of fix."""
 
 from __future__ import annotations

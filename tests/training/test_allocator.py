@@ -82,6 +82,7 @@ def test_no_restart_where_the_user_or_the_machine_decided_otherwise(command, arg
     assert preload_env(command, argv, environ, lambda: lib, platform=plat) is None
 
 
+@pytest.mark.slow
 def test_the_restarted_process_runs_on_tcmalloc():
     """A real restart: the child replaces itself (same PID) and maps the library."""
     import subprocess

@@ -20,7 +20,7 @@ name what they should), and whether inputs and outputs are intact. Each probe en
 
 Usage::
 
-    python scripts/probes.py --out probes.md [--jobs 2] [--only REGEX] [--keep]
+    python tests/faults/probe_suite.py --out probes.md [--jobs 2] [--only REGEX] [--keep]
 
 Prints the markdown table (probe, class, expected, observed, ok) and the totals, and writes
 them to ``--out``. Exit status 1 when any probe is not ok.
@@ -49,7 +49,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "judges"))
 
@@ -89,9 +89,86 @@ class Ctx:
         return d
 
 
+IN_PROCESS = {"on": False}
+"""Set by ``tests/faults/test_probe_suite.py``: a probe's command runs in this process (the CLI's
+own top-level handler through typer's test runner, in the probe's environment and folder)
+unless it needs a real process (a launcher prefix, an injected kill). The script runs every
+command as a subprocess."""
+
+
+import importlib  # noqa: E402
+import logging  # noqa: E402
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """A log handler writing to whatever ``sys.stderr`` is when a record comes (the test
+    runner swaps it for each invocation)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path, root: Path) -> subprocess.CompletedProcess:
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from pofe.cli.main import app
+
+    saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
+    extra_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = extra_path  # what PYTHONPATH gives a new interpreter (a judge.callable module)
+    importlib.invalidate_caches()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    # the log lines a process prints on its stderr (under pytest the root logger already has
+    # handlers, so the CLI's basicConfig adds none): a handler on the runner's stderr of the moment
+    handler = _CurrentStderr()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.getLogger().addHandler(handler)
+    try:
+        res = CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        logging.getLogger().removeHandler(handler)
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        _as_if_the_process_ended(root)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        # an exception past the CLI's handler: what a subprocess would have printed
+        stderr += "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, stderr)
+
+
+def _as_if_the_process_ended(root: Path) -> None:
+    """What a process's exit would undo: the run-folder locks it holds for life, the folders it
+    guards, and the modules it imported from the probe's folders (a ``judge.callable`` module
+    of the same name differs from probe to probe)."""
+    from pofe import runs
+
+    for fd in runs._HELD.values():
+        os.close(fd)
+    runs._HELD.clear()
+    runs._ROOTS.clear()
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None) or ""
+        if f and str(root) in f:
+            del sys.modules[name]
+
+
 def pofe(ctx: Ctx, *args: str, timeout: float = 240, prefix: tuple[str, ...] = (), cwd: Path | None = None,
          **extra: str) -> subprocess.CompletedProcess:
     env = {**ctx.env, **extra}
+    if IN_PROCESS["on"] and not prefix and "POFE_FAULT" not in extra:
+        return _in_process(args, env, cwd or ctx.root, ctx.root)
     try:
         return subprocess.run([*prefix, sys.executable, "-m", "pofe", *map(str, args)], cwd=cwd or ctx.root, env=env,
                               capture_output=True, text=True, timeout=timeout)
@@ -726,10 +803,20 @@ def probes_crash() -> list[Probe]:
         for x in ("trainer_state.json", "trainer_state.safetensors"):
             (ck / x).unlink(missing_ok=True)
         res = pofe(ctx, "online", "--resume", d / "runs" / "r")
-        return judge_result(res, code=2, check=lambda: "the planted pickle ran" if (d / "PWNED").exists() else None)
+
+        def check():
+            if (d / "PWNED").exists():
+                return "the planted pickle ran"
+            # the checkpoint no longer matches its manifest: passed over for the one before, saying so
+            if f"resuming from step-" not in res.stderr or ck.name not in res.stderr:
+                return f"no warning line naming {ck.name} and the checkpoint resumed from"
+            return None
+
+        return judge_result(res, code=0, check=check)
 
     out.append(Probe("online: planted pickle in a checkpoint, --resume", "crash/resume",
-                     "exit 2, one line; the pickle never runs", planted))
+                     "exit 0 from the checkpoint before, one warning naming the damaged one; the pickle never runs",
+                     planted))
     for cmd in ("online", "sft", "rl", "label", "self-reward", "rm"):
         out.append(cli(f"{cmd}: --resume of a typo'd run folder", "crash/resume", "exit 2 naming the folder",
                        lambda c, d, cmd=cmd: [cmd, "--resume", str(d / "runs" / "nope")], code=2, needles=("nope",)))
@@ -1109,11 +1196,11 @@ def probes_load() -> list[Probe]:
 def round2_probes() -> list[Probe]:
     """The round-2 classes (untrusted run folders, text round trips, network deadlines, secrets,
     invented values, output guards, the annotate log, resume boundaries): one module per class
-    under ``scripts/probes_r2/``, each with ``probes(P)`` taking this module for its plumbing."""
+    under ``tests/faults/probe_suite_r2/``, each with ``probes(P)`` taking this module for its plumbing."""
     import importlib.util
 
     out: list[Probe] = []
-    for path in sorted((REPO / "scripts" / "probes_r2").glob("[a-z]*.py")):
+    for path in sorted((Path(__file__).resolve().parent / "probe_suite_r2").glob("[a-z]*.py")):
         spec = importlib.util.spec_from_file_location(f"probes_r2_{path.stem}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
