@@ -808,7 +808,7 @@ def probes_crash() -> list[Probe]:
             if (d / "PWNED").exists():
                 return "the planted pickle ran"
             # the checkpoint no longer matches its manifest: passed over for the one before, saying so
-            if f"resuming from step-" not in res.stderr or ck.name not in res.stderr:
+            if "resuming from step-" not in res.stderr or ck.name not in res.stderr:
                 return f"no warning line naming {ck.name} and the checkpoint resumed from"
             return None
 
