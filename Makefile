@@ -4,8 +4,9 @@
 setup:
 	@bash scripts/setup.sh
 
+# the embedded judge audited (and refused), the length judge audited, OAIF trained with it, a report
 demo: setup
-	.venv/bin/pofe online --config examples/online-default.yaml
+	@bash scripts/demo.sh
 
 # every tier: the unit tier and the end-to-end tier (tests marked slow); what CI runs
 test: setup

@@ -22,6 +22,16 @@ from pofe.cli.common import (
 )
 
 
+def _interval(ci) -> str:
+    """`` [lo, hi] 95%`` of a win rate against the initial policy and whether it excludes 0.5,
+    the rate of a policy that has not changed (every pair a tie, or wins and losses even)."""
+    if not ci or ci[0] is None:
+        return ""
+    lo, hi = ci
+    where = "excludes" if lo > 0.5 or hi < 0.5 else "includes"
+    return f" [{lo:.2f}, {hi:.2f}] 95% Wilson, {where} 0.5 = no change"
+
+
 def describe(summary: dict[str, Any], cfg) -> str:
     """What the run did, in a few plain lines."""
     s = summary
@@ -45,7 +55,8 @@ def describe(summary: dict[str, Any], cfg) -> str:
         lines.append(f"  trained pairs: {s['trained_pairs']}")
     ev = s.get("eval")
     if ev and ev.get("winrate_vs_init") is not None:
-        lines.append(f"  win rate vs the initial policy: {ev['winrate_vs_init']:.2f} ({ev['eval_wins']} wins, {ev['eval_ties']} ties, "
+        lines.append(f"  win rate vs the initial policy: {ev['winrate_vs_init']:.2f}{_interval(ev.get('winrate_vs_init_ci95'))} "
+                     f"({ev['eval_wins']} wins, {ev['eval_ties']} ties, "
                      f"{ev['eval_losses']} losses, {ev['eval_unlabelled']} unlabelled; held-out prompts, both judge orders)")
     if s.get("seconds_per_step"):
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s["time_split"].items() if v)

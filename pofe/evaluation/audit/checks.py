@@ -134,5 +134,25 @@ def format_audit(report: dict[str, Any]) -> str:
     lines += ["", "  checks:"]
     for name, c in report["checks"].items():
         lines.append(f"    [{'pass' if c['passed'] else 'FAIL'}] {describe_check(name, c)}")
-    lines.append(f"\n  audit {'PASSED' if report['passed'] else 'FAILED'}")
+    lines.append(f"\n  {verdict_line(report)}")
     return "\n".join(lines)
+
+
+def verdict_line(report: dict[str, Any]) -> str:
+    """The audit's verdict in one line: agreement with its Wilson interval, how often the
+    first-shown reply wins, the failed checks, and what ``--require-audit`` does with it.
+    A judge that always picks the first-shown reply agrees ~0.5 whatever it reads: the
+    first-position rate says why, the interval says how sure the agreement is."""
+    m = report["metrics"]
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    lo, hi = (m.get("ci95") or {}).get("agreement") or (None, None)
+    failed = failed_checks(report)
+    return (f"audit {'PASSED' if report['passed'] else 'FAILED'}: agreement {f(m.get('agreement'), '.3f')} "
+            f"[{f(lo, '.3f')}, {f(hi, '.3f')}] (n={m.get('n_labelled')}), first-shown reply picked in "
+            f"{f(m.get('first_position_win_rate'), '.0%')} of reads, position consistency "
+            f"{f(m.get('position_consistency'), '.3f')}"
+            + (f"; failed: {', '.join(failed)}; --require-audit refuses this judge" if failed or not report["passed"]
+               else "; --require-audit accepts this judge"))
