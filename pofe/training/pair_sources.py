@@ -190,6 +190,26 @@ class _Source(_Metered):
         pass
 
 
+def _check_pair_lengths(model, kept, toks) -> None:
+    """A file's pair longer than the model's context is one line naming it, before the policy pass
+    sizes its batch from it (a 10 MB prompt asked for terabytes; the sampled path checks its
+    prompts in ``check_prompt_lengths``)."""
+    from pofe.data.io import DataError
+    from pofe.generation.sampling import context_length
+
+    ctx = context_length(model)
+    if ctx is None:
+        return
+    for pp, t in zip(kept, toks):
+        if t is None:
+            continue
+        n = len(t.prompt_ids) + max(len(t.chosen_ids), len(t.rejected_ids))
+        if n > ctx:
+            words = " ".join(str(pp.prompt)[:40].split())
+            raise DataError(f"a preference pair ({words!r}...) is {n} tokens (prompt {len(t.prompt_ids)} + its longer "
+                            f"response): over the model's context of {ctx} tokens; shorten it or leave it out of the file")
+
+
 class OfflineSource(_Source):
     """Pairs from the fixed preference file (the OAIF baseline); ``labels.min_margin`` applies to
     the file's soft p (no calibration map: that maps a judge's p), hard labels drop exact ties."""
@@ -207,6 +227,7 @@ class OfflineSource(_Source):
                 counts[why] += 1
         toks = [tokenize_pair(lp.tok, pp, lp.tok.eos_token_id, lp.tok_cache, lp.cfg.loss.labels) for pp in kept]
         pairs = [t for t in toks if t is not None]
+        _check_pair_lengths(lp.acc.unwrap_model(lp.ddp_policy), kept, toks)
         counts.update(trained=len(pairs), ties=len(toks) - len(pairs))
         return StepPairs(pairs, counts, staleness=self.sync.staleness(step))
 

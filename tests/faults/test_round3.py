@@ -618,3 +618,25 @@ def test_online_with_a_prompt_longer_than_the_context_is_one_line(tmp_path, tiny
     assert lines[0].startswith("error: a prompt ('word word word word word word word word'...) is ")
     assert lines[0].endswith(" tokens: with sampling.max_new_tokens=4 that is over the model's context of 1024 tokens; "
                              "shorten it or leave it out of the prompts")
+
+
+@pytest.mark.slow  # a tiny model's online run in-process: a few seconds
+def test_offline_online_with_a_pair_longer_than_the_context_is_one_line(tmp_path, tiny_model_dir):
+    """The same bound in ``mode=offline``: a preference file's 200 KB prompt went to the policy pass
+    (tokenised whole, no bound); now one line naming the pair, exit 2."""
+    prefs = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": "A short question?", "chosen": "Yes.", "rejected": "No, not at all."},
+            {"prompt": "word " * 40000, "chosen": "Yes.", "rejected": "No."}]
+    prefs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = invoke("online", "--set", "mode=offline", "--set", f"data.preferences={prefs}",
+                 "--set", f"model.name={tiny_model_dir}", "--set", "train.steps=2", "--set", "train.batch_size=2",
+                 "--set", "eval.enabled=false", "--set", "log.progress=false", "--set", "log.tensorboard=false",
+                 "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.name=o")
+    lines = error_lines(res)
+    assert len(lines) == 1 and res.returncode == 2, res.stderr
+    assert lines[0].startswith("error: a preference pair ('word word word word word word word word'...) is "), lines
+    # 40000 words and the chat template's tokens, + "Yes." and EOS (the longer response)
+    assert lines[0] == ("error: a preference pair ('word word word word word word word word'...) is 40034 tokens (prompt "
+                        "40031 + its longer response): over the model's context of 1024 tokens; shorten it or leave it "
+                        "out of the file")
+    assert not (tmp_path / "runs" / "o" / "checkpoints").exists()  # nothing trained on it
