@@ -24,7 +24,11 @@ rc=0
 # exit 1 is a failed check (what this step shows); anything else is an error
 if [ "$rc" -gt 1 ]; then exit "$rc"; fi
 if [ "$rc" -eq 1 ]; then
-  echo "-> the embedded judge cannot label this run (its verdicts follow the position, not the replies)"
+  echo "-> the embedded judge cannot label this run: its verdicts follow the position, not the replies."
+  if [ "$MODEL" = smollm2-135m-instruct ]; then  # measured on this model (README); not on another one
+    echo "   Its two orders combined in log-odds (a constant position offset cancels) still do not prefer the"
+    echo "   shorter reply: 7/24 on these pairs, 42/100 [0.33, 0.52] on HH-RLHF pairs labelled by length."
+  fi
 else
   echo "-> the embedded judge passed this audit"
 fi
