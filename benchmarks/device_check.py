@@ -186,7 +186,7 @@ class Check:
 
     def _packed_one(self, model, pairs, pad, precision, attention, item) -> None:
         from pofe.training import dap
-        from pofe.training.precision import autocast
+        from pofe.runtime.precision import autocast
 
         torch = self.torch
         model.set_attn_implementation(attention)
@@ -223,7 +223,7 @@ class Check:
 
     def _flash_one(self, model, pairs, pad, item) -> None:
         from pofe.training import dap
-        from pofe.training.precision import autocast
+        from pofe.runtime.precision import autocast
 
         model.set_attn_implementation("flash_attention_2")
         with self.torch.no_grad(), autocast("bf16", self.device):
@@ -266,7 +266,7 @@ class Check:
         """dap_backward's per-pair DPO losses equal -log sigma(beta h) computed here by hand from the
         policy's and the reference's summed log-probs (each from its own joint-batch pass)."""
         from pofe.losses import dpo
-        from pofe.training import Reference
+        from pofe.runtime import Reference
         from pofe.training.dap import completion_logps, dap_backward, pairs_batch
 
         torch = self.torch
@@ -447,7 +447,7 @@ class Check:
 
     def _throughput_one(self, name: str, shape, peak: float) -> None:
         from pofe.training.dap import pair_logps
-        from pofe.training.precision import autocast
+        from pofe.runtime.precision import autocast
 
         model = self.build(shape)
         model.train()

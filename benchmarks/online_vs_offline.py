@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     from pofe.loops.online import OnlineConfig, label_annotations, run, sample_and_annotate
     from pofe.training.pair_sources import load_data
     from pofe.runs import JsonlWriter
-    from pofe.training import load_policy, seed_everything
+    from pofe.runtime import load_policy, seed_everything
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="pofe-onoff-"))
     oracle = [f"judge.kind={args.oracle}"] + ([f"judge.keywords=[{args.keywords}]"] if args.keywords else [])

@@ -32,10 +32,10 @@ def main(argv=None) -> None:
 
     import torch
 
-    from pofe.training import ModelConfig, load_policy
-    from pofe.training.allocator import keep_freed_memory
+    from pofe.runtime import ModelConfig, load_policy
+    from pofe.runtime.allocator import keep_freed_memory
     from pofe.training.dap import TokenPair, pair_logps
-    from pofe.training.precision import attention_for, autocast
+    from pofe.runtime.precision import attention_for, autocast
 
     if args.malloc:
         keep_freed_memory()

@@ -31,7 +31,7 @@ def main(argv=None) -> None:
 
     from pofe.generation import SamplingConfig
     from pofe.generation.vllm import generator_for
-    from pofe.training import ModelConfig, load_policy
+    from pofe.runtime import ModelConfig, load_policy
 
     from machine import cpu_line  # benchmarks/machine.py: the CPU, named with every number
 

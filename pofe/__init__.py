@@ -23,7 +23,7 @@ import importlib
 __version__ = "0.1.0"
 
 # public name -> the module that defines it. Module names as text, imported on first access:
-# pofe.runs, pofe.training.checkpoints, ... read ``__version__`` from here, so this module
+# pofe.runs, pofe.runtime.checkpoints, ... read ``__version__`` from here, so this module
 # must stay free of imports of the package (the layer test reads ``pofe`` as a leaf).
 _API: dict[str, str] = {
     # models

@@ -2,7 +2,7 @@
 
 Why: a training step frees and re-allocates the same large buffers every step (autocast's bf16
 weight casts, activations, gradients, the engine push's casts). glibc malloc, even tuned
-(:func:`pofe.training.allocator.keep_freed_memory`), leaves holes that the next step's
+(:func:`pofe.runtime.allocator.keep_freed_memory`), leaves holes that the next step's
 differently-sized buffers do not fit; tcmalloc's size classes reuse them. The online bar
 (``benchmarks/online_step.py $(cat benchmarks/best-setting.txt)``, Intel Xeon with AMX, 5 pairs
 glibc / tcmalloc in separate processes): peak RSS 4.25-4.37 -> 3.90-4.00 GB in every pair, level

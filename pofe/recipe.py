@@ -71,8 +71,8 @@ class RunContext:
 
     @property
     def dp(self):
-        """This process's :class:`pofe.training.parallel.DataParallel` (shards, sums, gradient all-reduce)."""
-        from pofe.training.parallel import DataParallel
+        """This process's :class:`pofe.runtime.parallel.DataParallel` (shards, sums, gradient all-reduce)."""
+        from pofe.runtime.parallel import DataParallel
 
         return DataParallel(self.acc)
 
@@ -93,7 +93,7 @@ class RunContext:
 
     @property
     def sharded(self) -> bool:
-        """Whether the model is sharded over the processes (an FSDP2 launch, :mod:`pofe.training.sharding`)."""
+        """Whether the model is sharded over the processes (an FSDP2 launch, :mod:`pofe.runtime.sharding`)."""
         return self.dp.sharded
 
     def shard(self, model, *, mean: bool = False):
@@ -104,7 +104,7 @@ class RunContext:
         self.mean = mean  # under ZeRO the driver builds the engine after setup, around the optimiser
         if not self.sharded or self.dp.zero:
             return model
-        from pofe.training.sharding import shard_model
+        from pofe.runtime.sharding import shard_model
 
         return shard_model(model, mean=mean)
 
@@ -182,7 +182,7 @@ class Recipe:
         and nothing for a recipe without weights (returns None)."""
         if self.model is None:
             return None
-        from pofe.training.checkpoints import save_final
+        from pofe.runtime.checkpoints import save_final
 
         return save_final(self.unwrapped(), self.tokenizer, out)
 
@@ -248,7 +248,7 @@ def rewind(run_dir: Path, step: int, sizes: dict[str, int], names: tuple[str, ..
 
 
 def _load(run: RunContext, recipe: Recipe) -> None:
-    from pofe.training.checkpoints import check_outputs, check_processes, load_checkpoint, resume_point
+    from pofe.runtime.checkpoints import check_outputs, check_processes, load_checkpoint, resume_point
 
     # the newest checkpoint that matches its manifest (a damaged one is passed over, saying so), and
     # the outputs it counted still whole: checked before anything is loaded or rewound
@@ -269,14 +269,14 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     if not run.sharded or recipe.model is None:
         return {}
     if run.dp.zero:
-        from pofe.training import zero
+        from pofe.runtime import zero
 
         names = {n for n, p in recipe.model.module.named_parameters() if p.requires_grad}
         out = {"model_state": zero.full_model_state(recipe.model, names, keep=run.main, master=True)}
         if recipe.optimizer is not None:
             out["optimizer_state"] = zero.full_optimizer_state(recipe.optimizer, keep=run.main)
         return out
-    from pofe.training.sharding import full_model_state, full_optimizer_state
+    from pofe.runtime.sharding import full_model_state, full_optimizer_state
 
     model = recipe.unwrapped()
     names = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -288,18 +288,18 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
 
 def _zero_engine(run: RunContext, recipe: Recipe) -> None:
     """Under DeepSpeed ZeRO, the recipe's model and optimiser become the engine (forward passes
-    through it) and its :class:`pofe.training.zero.ZeroOptimizer`, built from what setup made
+    through it) and its :class:`pofe.runtime.zero.ZeroOptimizer`, built from what setup made
     (the scheduler stays on the torch optimiser inside). Nothing otherwise."""
     if not run.dp.zero or recipe.model is None or recipe.optimizer is None:
         return
-    from pofe.training import zero
+    from pofe.runtime import zero
 
     clip = getattr(getattr(recipe.cfg, "optim", None), "grad_clip", None)
     recipe.model, recipe.optimizer = zero.initialize(recipe.model, recipe.optimizer, grad_clip=clip, mean=run.mean)
 
 
 def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
-    from pofe.training.checkpoints import output_record, prune_checkpoints, save_checkpoint
+    from pofe.runtime.checkpoints import output_record, prune_checkpoints, save_checkpoint
 
     own = recipe.checkpoint_state()  # every process: a recipe may gather here
     full = _full_state(run, recipe)
@@ -316,14 +316,14 @@ def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
 
 def _accelerator(recipe: Recipe):
     if not recipe.data_parallel:
-        from pofe.training.guards import require_single_process
+        from pofe.runtime.guards import require_single_process
 
         # under torchrun a loop that neither shards data nor all-reduces gradients would run N
         # independent copies into N run folders (the CLI refuses earlier; a library caller here)
         require_single_process(recipe.command)
         return None
-    from pofe.training.parallel import make_accelerator
-    from pofe.training.sharding import refuse_unsupported
+    from pofe.runtime.parallel import make_accelerator
+    from pofe.runtime.sharding import refuse_unsupported
 
     refuse_unsupported(recipe.command, recipe.cfg)  # what a sharded launch cannot run: one line, no model loaded
     model = getattr(recipe.cfg, "model", None)  # labelling commands have no policy: the device is auto
@@ -345,7 +345,7 @@ def _open(recipe: Recipe, acc, *, resume, run_dir) -> Path:
         return path
     path = open_run(cfg.run, recipe.command, resume=resume) if main else None
     if acc is not None and acc.num_processes > 1:
-        from pofe.training.parallel import gather
+        from pofe.runtime.parallel import gather
 
         path = gather(acc, str(path) if main else None)[0]
     path = Path(path)
@@ -364,7 +364,7 @@ def _processes(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     if run.sharded:
         out["sharding"] = run.dp.sharding  # one copy of the weights, split: nothing to compare
     elif run.world > 1 and recipe.model is not None:
-        from pofe.training.parallel import weights_identical
+        from pofe.runtime.parallel import weights_identical
 
         out["weights_identical_across_processes"] = weights_identical(run.acc, recipe.unwrapped())
     return out
@@ -374,15 +374,15 @@ def _final(run: RunContext, recipe: Recipe, step: int) -> Path | None:
     """Write ``final/`` (rank 0; a torn one, from a crash while saving, is rewritten from the
     checkpoint's weights). Under sharding every process first gathers the whole weights into an
     unsharded copy that rank 0 saves (a collective)."""
-    from pofe.training.checkpoints import final_complete
+    from pofe.runtime.checkpoints import final_complete
 
     plain = None
     if run.dp.zero and recipe.model is not None:
-        from pofe.training import zero
+        from pofe.runtime import zero
 
         plain = zero.plain_copy(recipe.model, main=run.main)
     elif run.sharded and recipe.model is not None:
-        from pofe.training.sharding import plain_copy
+        from pofe.runtime.sharding import plain_copy
 
         plain = plain_copy(recipe.unwrapped(), main=run.main)
     if not run.main:
@@ -408,10 +408,10 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     (an existing checkpoint there is resumed; a finished folder returns its summary)."""
     from pofe.evaluation.audit import gate
     from pofe.preload import allocator
-    from pofe.training.allocator import bound_primitive_cache, keep_freed_memory
-    from pofe.training.checkpoints import final_complete, seed_everything
-    from pofe.training.guards import fault_point
-    from pofe.training.tracking import MetricsSink, Progress, check_trackers
+    from pofe.runtime.allocator import bound_primitive_cache, keep_freed_memory
+    from pofe.runtime.checkpoints import final_complete, seed_everything
+    from pofe.runtime.guards import fault_point
+    from pofe.runtime.tracking import MetricsSink, Progress, check_trackers
 
     cfg = recipe.cfg
     t0 = time.perf_counter()

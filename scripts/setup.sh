@@ -46,7 +46,7 @@ echo "[setup] installing pofe[$extras] and its dependencies into .venv"
 if [ "$extras" = "test,vllm" ]; then
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
-# DeepSpeed ZeRO (pofe.training.zero, launched with examples/accelerate/zero2.yaml, zero3.yaml):
+# DeepSpeed ZeRO (pofe.runtime.zero, launched with examples/accelerate/zero2.yaml, zero3.yaml):
 # 0.19.8 from its sdist, --no-deps --no-build-isolation so that it builds against this torch
 # (no op is compiled at install; under a minute) and never replaces it; then its small pure
 # dependencies. A failure is one line and the DeepSpeed tests skip, saying why.

@@ -54,7 +54,7 @@ DATA_PARALLEL_COMMANDS = {"online", "sft", "rm", "rl", "self-reward", "label", "
 def _leave_group_if_worker() -> None:
     """A torchrun process whose command is done ends its process group (``leave_process_group``)."""
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
-        from pofe.training.parallel import leave_process_group
+        from pofe.runtime.parallel import leave_process_group
 
         leave_process_group()
 
@@ -113,7 +113,7 @@ def describe_error(e: BaseException) -> tuple[int, str]:
     if isinstance(e, PofeError):  # every error pofe raises for the user carries its own status
         return e.exit_code, _one_line(e)
     if isinstance(e, RuntimeError) and "torch.distributed" in sys.modules:
-        from pofe.training.parallel import as_collective_timeout
+        from pofe.runtime.parallel import as_collective_timeout
 
         stalled = as_collective_timeout(e)  # a peer stopped answering: one line naming the ranks, not gloo's text
         if stalled is not None:
@@ -184,7 +184,7 @@ class LazyGroup(TyperGroup):
                 e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
             raise
         if name is not None and name not in DATA_PARALLEL_COMMANDS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
-            from pofe.training.guards import require_single_process
+            from pofe.runtime.guards import require_single_process
 
             # a group's subcommand by its path: "cai revise" runs, "cai refusal" is refused
             group = isinstance(cmd, TyperGroup) and rest and not rest[0].startswith("-")

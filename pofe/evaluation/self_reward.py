@@ -3,7 +3,7 @@
 groups (Self-Rewarding LMs Table 4), and checkpoint selection by head-to-head win rate
 against the previous model ("Early stopping").
 
-Data-parallel (``dp``, a :class:`pofe.training.parallel.DataParallel`; every function taking one
+Data-parallel (``dp``, a :class:`pofe.runtime.parallel.DataParallel`; every function taking one
 is a collective): each process judges its contiguous block of the items (``dp.map``) and every
 process gets the same numbers, which do not depend on the number of processes for a
 deterministic judge; only rank 0 writes ``selection.json`` and ``iter_t/model``.
@@ -22,7 +22,7 @@ from pofe.config import PofeConfig
 from pofe.data.eft import RankedPrompt
 from pofe.judges.base import Capability, as_pairwise, has_capability
 from pofe.judges.config import JudgeConfig
-from pofe.training.parallel import DataParallel
+from pofe.runtime.parallel import DataParallel
 
 ONE = DataParallel()
 
@@ -119,7 +119,7 @@ def select_checkpoint(it_dir: Path, final: Path, cfg: SelectionSettings, *, load
     ``it_dir/model``; the comparison is written to ``selection.json``. ``load(ckpt)`` gives a
     checkpoint's (model, tokenizer), ``load(None)`` the final model's; ``respond(model, tokenizer)`` its validation
     responses (a collective with ``dp``: every process answers its block, rank 0 writes)."""
-    from pofe.training import final_complete, save_final
+    from pofe.runtime import final_complete, save_final
 
     model_dir = it_dir / "model"
     # rank 0's view of the folder it owns: every process takes the same branch

@@ -16,8 +16,8 @@ from pofe.evaluation.winrate import head_to_head, wilson_interval
 from pofe.generation import SamplingConfig, generate
 from pofe.records import Completion, Prompt
 from pofe.runs import JsonlWriter
-from pofe.training.online_pairs import prompt_input
-from pofe.training.parallel import gather, reduce_sum
+from pofe.generation.base import prompt_input
+from pofe.runtime.parallel import gather, reduce_sum
 
 
 def winrate(judge, prompts: Sequence[Prompt], current: Sequence[Completion], initial: Sequence[Completion],
@@ -42,7 +42,7 @@ def winrate_value(counts: dict[str, int]) -> float | None:
 def initial_responses(reference, tok, prompts: Sequence[Prompt], *, sampling: SamplingConfig, seed: int) -> list[Completion]:
     """The initial policy's responses to the held-out prompts, once per run (seeded: the same
     after a resume), from ``reference.model()`` (pi_0: the frozen copy or the adapter disabled)."""
-    from pofe.training.checkpoints import seed_everything
+    from pofe.runtime.checkpoints import seed_everything
 
     if not prompts:
         return []

@@ -22,7 +22,13 @@ from typing import Literal, Protocol
 from pydantic import Field, field_validator, model_validator
 
 from pofe.config import MAX_BATCH_SIZE, MAX_NEW_TOKENS, PofeConfig, Seed
-from pofe.records import Completion
+from pofe.records import Completion, Prompt
+
+
+def prompt_input(p: Prompt) -> str | list:
+    """What :func:`generate` takes for a prompt: its chat messages when it has them (the chat
+    template renders them), else its text."""
+    return list(p.messages) if p.messages else p.text
 
 
 class VLLMSettings(PofeConfig):

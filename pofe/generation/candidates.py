@@ -5,7 +5,7 @@ k samples averaged). Unscored candidates keep ``None``: never an invented score.
 Written per chunk of prompts to an append-only JSONL file, so a crash resumes at the next
 chunk and a finished chunk is never generated (or paid for) twice.
 
-Data-parallel (``dp``, a :class:`pofe.training.parallel.DataParallel`): each process generates
+Data-parallel (``dp``, a :class:`pofe.runtime.parallel.DataParallel`): each process generates
 and scores its contiguous block of every chunk (``dp.map``), the rows come back to every
 process in prompt order and only rank 0 appends them, so the file is written once, in order,
 whatever the number of processes. A block samples from ``block_seed(chunk seed, rank)``: the
@@ -25,8 +25,8 @@ from pofe.config import PofeConfig
 from pofe.generation.sampling import SamplingConfig, generate
 from pofe.runs import JsonlWriter, atomic_write_text, read_jsonl
 from pofe.data.io import json_line
-from pofe.training.guards import fault_point
-from pofe.training.parallel import DataParallel, block_seed
+from pofe.runtime.guards import fault_point
+from pofe.runtime.parallel import DataParallel, block_seed
 
 
 class CandidateSettings(PofeConfig):

@@ -87,7 +87,7 @@ def is_peft(model) -> bool:
 
 
 def _unwrap(model):
-    from pofe.training.zero import engine_of
+    from pofe.runtime.zero import engine_of
 
     engine = engine_of(model)  # DeepSpeed ZeRO: forward passes and the weight gather go through the engine
     if engine is not None:
@@ -104,8 +104,8 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
 def hf_weights(model) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) in Hugging Face checkpoint naming. A PEFT model gives its *base*
     weights (``base_layer`` renamed back, adapter tensors dropped). A sharded model's tensors are
-    gathered whole (:func:`_whole`; a DeepSpeed ZeRO engine's by :func:`pofe.training.zero.whole_weights`)."""
-    from pofe.training.zero import engine_of, whole_weights
+    gathered whole (:func:`_whole`; a DeepSpeed ZeRO engine's by :func:`pofe.runtime.zero.whole_weights`)."""
+    from pofe.runtime.zero import engine_of, whole_weights
 
     engine = engine_of(model)
     if engine is not None:
@@ -125,7 +125,7 @@ def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
     tensors in HF naming; the model itself is left unmerged (training continues on it)."""
     from contextlib import nullcontext
 
-    from pofe.training.zero import engine_of, gathered
+    from pofe.runtime.zero import engine_of, gathered
 
     engine = engine_of(model)  # ZeRO-3: the adapter's A and B are gathered whole for the delta (a collective)
     deltas: dict[str, torch.Tensor] = {}
@@ -145,7 +145,7 @@ def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
 def fingerprint(model) -> tuple:
     """Changes whenever any parameter is updated in place (optimiser step, load_state_dict). A
     DeepSpeed engine's step writes its partitions, not the parameters: its step count is in it."""
-    from pofe.training.zero import engine_of
+    from pofe.runtime.zero import engine_of
 
     engine = engine_of(model)
     steps = (engine.global_steps,) if engine is not None else ()

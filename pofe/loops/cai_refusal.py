@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pofe.config import PofeConfig, Seed
 from pofe.generation import SamplingConfig
-from pofe.training import ModelConfig
+from pofe.runtime import ModelConfig
 
 
 class RefusalDataConfig(PofeConfig):

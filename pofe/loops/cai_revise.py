@@ -20,9 +20,9 @@ driver's (:mod:`pofe.recipe`); each chunk's seed depends on its index only, so a
 revises the remaining chunks exactly as the interrupted one would have.
 
 Data parallel (``torchrun --nproc_per_node N``): each process revises its block of every chunk
-(:meth:`~pofe.training.parallel.DataParallel.map`) and rank 0 writes the gathered traces in
+(:meth:`~pofe.runtime.parallel.DataParallel.map`) and rank 0 writes the gathered traces in
 input order. The principle draws and sampled texts of a block follow the block's own seed
-(:func:`~pofe.training.parallel.block_seed`), so they depend on N; with one critique principle
+(:func:`~pofe.runtime.parallel.block_seed`), so they depend on N; with one critique principle
 and greedy decoding the rows are the one-process run's.
 """
 
@@ -42,9 +42,9 @@ from pofe.generation import SamplingConfig
 from pofe.generation.critique import Trace, critique_revise, load_cai_constitution
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig
-from pofe.training.guards import fault_point
-from pofe.training.tracking import LogConfig
+from pofe.runtime import ModelConfig
+from pofe.runtime.guards import fault_point
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["CaiReviseConfig", "CaiReviseRecipe", "run", "mix_sft", "preference_pairs", "refusal_summary"]
 
@@ -193,7 +193,7 @@ class CaiReviseRecipe(Recipe):
 
     def _revise(self, prompts: list[str], seed: int) -> list[Trace]:
         """This process's block of a chunk, critiqued and revised under the block's seed."""
-        from pofe.training.parallel import block_seed
+        from pofe.runtime.parallel import block_seed
 
         cfg = self.cfg
         if self.policy is None and self.generate_fn is None:  # loaded on the first chunk: a finished run never loads it

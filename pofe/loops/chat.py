@@ -7,7 +7,7 @@ from typing import Any
 
 from pofe.config import PofeConfig, Seed
 from pofe.generation import SamplingConfig
-from pofe.training import LoadConfig
+from pofe.runtime import LoadConfig
 
 
 class ChatConfig(PofeConfig):

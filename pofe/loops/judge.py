@@ -6,7 +6,7 @@ its provenance) and ``summary.json`` into a run folder. Pointwise kinds (rubric,
 expected-score) score ``response_a`` (or a ``response`` column) instead.
 
 Data parallel (``torchrun --nproc_per_node N``): each process judges its block of every batch
-(:meth:`~pofe.training.parallel.DataParallel.map`, its own judge and cache connection) and rank 0
+(:meth:`~pofe.runtime.parallel.DataParallel.map`, its own judge and cache connection) and rank 0
 writes the gathered verdicts in input order.
 """
 
@@ -26,7 +26,7 @@ from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.recipe import Recipe, RunContext, drive
 from pofe.runs import JsonlWriter, RunConfig
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 log = logging.getLogger(__name__)
 

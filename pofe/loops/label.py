@@ -32,10 +32,10 @@ checkpointed batch, and the rows of a batch cut short are set aside and judged a
 batch -- from the judge's SQLite cache, so redoing it is free.
 
 Data parallel (``torchrun --nproc_per_node N``): each process samples its block of the prompts
-and judges its block of every batch (:meth:`~pofe.training.parallel.DataParallel.map`); rank 0
+and judges its block of every batch (:meth:`~pofe.runtime.parallel.DataParallel.map`); rank 0
 writes the gathered rows in input order into the one run folder, so labels.jsonl is the
 one-process run's row for row (sampled pairs depend on N, see
-:func:`~pofe.training.parallel.block_seed`; pairs.jsonl fixes them for a resume).
+:func:`~pofe.runtime.parallel.block_seed`; pairs.jsonl fixes them for a resume).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.labels import LabelPolicy
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig
-from pofe.training.guards import fault_point
-from pofe.training.tracking import LogConfig
+from pofe.runtime import ModelConfig
+from pofe.runtime.guards import fault_point
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["LabelConfig", "LabelRecipe", "run", "label_row", "label_stats", "read_pairs", "to_preference"]
 
@@ -204,7 +204,7 @@ class LabelRecipe(Recipe):
     def _sample(self, prompts: list[str]) -> list[tuple[str, str, str]]:
         """This process's block of the prompts, two samples each."""
         from pofe.generation.pairs import sample_pairs
-        from pofe.training.parallel import block_seed
+        from pofe.runtime.parallel import block_seed
 
         cfg = self.cfg
         if self.policy is None:

@@ -19,7 +19,7 @@ Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotat
 :mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; Appendix
 B's off-policy gap :mod:`pofe.training.diagnostics`; judge drift :mod:`pofe.training.drift`.
 Data parallel (gradients all-reduced), or FSDP2-sharded with sampling.engine=vllm (each process
-pushes the gathered weights to its own engine; :mod:`pofe.training.sharding`)::
+pushes the gathered weights to its own engine; :mod:`pofe.runtime.sharding`)::
 
     torchrun --nproc_per_node 2 -m pofe.cli.main online --config C.yaml --set model.device=cpu  # CPU, gloo (tested)
     accelerate launch --config_file examples/accelerate/ddp-gpus.yaml -m pofe.cli.main online --config C.yaml  # GPUs, DDP
@@ -40,7 +40,7 @@ from pofe.labels import LabelPolicy
 from pofe.losses import LossName, default_beta, get_loss
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig, OptimConfig
+from pofe.runtime import ModelConfig, OptimConfig
 from pofe.training.annotator import build_annotator
 from pofe.training.dap import tokenize_pair
 from pofe.training.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
@@ -49,8 +49,8 @@ from pofe.training.engine_reference import ReferenceSettings, engine_reference, 
 from pofe.training.online_pairs import label_annotations, sample_and_annotate
 from pofe.training.online_settings import DataSettings, EvalSettings
 from pofe.training.pair_sources import eval_due, load_data, mode_refusal
-from pofe.training.precision import Precision
-from pofe.training.tracking import LogConfig
+from pofe.runtime.precision import Precision
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["OnlineConfig", "OnlineRecipe", "run", "LossSettings", "TrainSettings", "DataSettings", "EvalSettings",
            "load_data", "build_annotator", "tokenize_pair", "label_annotations", "sample_and_annotate", "get_loss"]
@@ -171,7 +171,7 @@ class OnlineRecipe(Recipe):
         return judge_identity(self.cfg.judge)
 
     def setup(self, run: RunContext) -> None:
-        from pofe.training import Reference, load_policy, make_optimizer, make_scheduler
+        from pofe.runtime import Reference, load_policy, make_optimizer, make_scheduler
 
         cfg, self.run = self.cfg, run
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)
@@ -216,9 +216,9 @@ class OnlineRecipe(Recipe):
 
     def step(self, step: int) -> dict[str, Any]:
         from pofe.evaluation.vs_initial import evaluate_vs_initial
-        from pofe.training import fault_point, seed_everything
+        from pofe.runtime import fault_point, seed_everything
         from pofe.training.dap_step import dap_update, step_row
-        from pofe.training.parallel import step_seed
+        from pofe.runtime.parallel import step_seed
 
         cfg, acc = self.cfg, self.run.acc
         seed_everything(step_seed(cfg.seed, step, self.run.rank))

@@ -7,7 +7,7 @@ each of B prompts, score them, and take one on-policy gradient step with a group
 RLOO (Ahmadian et al. 2024) or GRPO-style (Shao et al. 2024); the pieces (advantages, KL
 estimators, the loss, the reward sources) are in :mod:`pofe.training.rl`.
 
-KL to the reference (``pofe.training.Reference``: the adapter disabled under LoRA, else a
+KL to the reference (``pofe.runtime.Reference``: the adapter disabled under LoRA, else a
 frozen copy) either enters the reward, r − β Σ_t (log π − log π_ref) (RLOO's form), or the
 loss, + β mean_t k3 with k3 = e^{ref−logπ} − (ref − logπ) − 1 ≥ 0 (GRPO's form).
 
@@ -50,13 +50,13 @@ from pofe.generation import SamplingConfig
 from pofe.judges.usage import BudgetMeter, budget_of
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig, OptimConfig
+from pofe.runtime import ModelConfig, OptimConfig
 from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
-from pofe.training.precision import Precision
+from pofe.runtime.precision import Precision
 from pofe.training.rewards import PairwiseRewardConfig, RewardConfig, build_reward
 from pofe.training.rl import RewardFn
 from pofe.training.rl_step import batch_for_step, measure, rl_step
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["RLConfig", "RLRecipe", "run", "RewardConfig", "PairwiseRewardConfig", "build_reward", "rl_step", "measure",
            "batch_for_step"]
@@ -79,7 +79,7 @@ class RLTrainConfig(PofeConfig):
     """Sequences per forward/backward (gradient accumulation within a step)."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
-    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
+    (AMX CPUs, GPUs; ``pofe.runtime.precision``)."""
 
 
 class RLDataConfig(PofeConfig):
@@ -193,7 +193,7 @@ class RLRecipe(Recipe):
         return reward_identity(self.cfg.reward)
 
     def setup(self, run: RunContext) -> None:
-        from pofe.training import Reference, load_policy, make_optimizer, make_scheduler
+        from pofe.runtime import Reference, load_policy, make_optimizer, make_scheduler
 
         cfg, self.dp = self.cfg, run.dp
         if len(self.train_prompts) < run.world:

@@ -36,10 +36,10 @@ from pofe.data.rm_pairs import hardened, load_rm_pairs, split_pairs
 from pofe.losses import RMLossName, get_rm_loss
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig, OptimConfig
-from pofe.training.precision import Precision
+from pofe.runtime import ModelConfig, OptimConfig
+from pofe.runtime.precision import Precision
 from pofe.training.rm_step import batch_schedule, rm_step
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["RMConfig", "RMRecipe", "run", "rm_step", "batch_schedule", "hardened", "split_pairs"]
 
@@ -74,7 +74,7 @@ class RMTrainConfig(PofeConfig):
     """Pairs per optimiser step per process (2 x batch_size sequences per forward)."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
-    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
+    (AMX CPUs, GPUs; ``pofe.runtime.precision``)."""
 
 
 class RMEvalConfig(PofeConfig):
@@ -136,7 +136,7 @@ class RMRecipe(Recipe):
         return labels_identity(self.cfg.data.train)  # the judge that labelled the training pairs
 
     def setup(self, run: RunContext) -> None:
-        from pofe.training import make_optimizer, make_scheduler
+        from pofe.runtime import make_optimizer, make_scheduler
         from pofe.training.reward_model import load_reward_model, wrap_reward_model
 
         cfg = self.cfg

@@ -61,13 +61,13 @@ from pofe.judges.config import JudgeConfig, RubricJudgeConfig
 from pofe.loops.sft import SFTTrainSettings
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig, OptimConfig
+from pofe.runtime import ModelConfig, OptimConfig
 from pofe.training.metrics import iteration_row
 from pofe.training.meta_rewarding import MetaJudgeSettings
 from pofe.training.self_reward_stages import Chain
 from pofe.training.self_reward_variants import CreamSettings, TemporalSettings
 from pofe.training.stages import write_json
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 __all__ = ["SelfRewardConfig", "SelfRewardRecipe", "run", "load_inputs"]
 

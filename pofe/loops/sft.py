@@ -28,10 +28,10 @@ from pofe.data.io import DataError
 from pofe.data.sft import SFTExample, load_sft_data, source_counts
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training import ModelConfig, OptimConfig
-from pofe.training.precision import Precision
+from pofe.runtime import ModelConfig, OptimConfig
+from pofe.runtime.precision import Precision
 from pofe.training.sft_step import batch_indices, sft_step, tokenize_examples
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class SFTTrainSettings(PofeConfig):
     """Forward passes per optimiser step."""
     precision: Precision = "fp32"
     """bf16: forward and backward under bf16 autocast, fp32 master weights and optimiser state
-    (AMX CPUs, GPUs; ``pofe.training.precision``)."""
+    (AMX CPUs, GPUs; ``pofe.runtime.precision``)."""
 
 
 class SFTConfig(PofeConfig):
@@ -119,7 +119,7 @@ class SFTRecipe(Recipe):
             self.examples, self.data_stats = load_sft_data(cfg.data, cfg.seed)
 
     def setup(self, run: RunContext) -> None:
-        from pofe.training import load_policy, make_optimizer, make_scheduler
+        from pofe.runtime import load_policy, make_optimizer, make_scheduler
 
         cfg, t, self.dp = self.cfg, self.cfg.train, run.dp
         self.model, self.tokenizer = load_policy(cfg.model, model=self.model, tokenizer=self.tokenizer)

@@ -31,8 +31,8 @@ import torch
 
 from pofe.logprobs import SequenceBatch, build_batch, completion_token_logprobs, selective_logprobs
 from pofe.losses import PreferenceLoss
-from pofe.training.activations import lean_activations, sparse_tied_embedding
-from pofe.training.precision import (
+from pofe.runtime.activations import lean_activations, sparse_tied_embedding
+from pofe.runtime.precision import (
     Precision,
     attention_for,
     autocast,
@@ -348,7 +348,7 @@ def dap_backward(
 
     Args:
         policy: the trained model (possibly DDP-wrapped); called for log pi_theta.
-        reference: a :class:`pofe.training.Reference`; its ``model()`` gives pi_0 (no grad).
+        reference: a :class:`pofe.runtime.Reference`; its ``model()`` gives pi_0 (no grad).
         pairs: the labelled pairs of this process for this optimiser step.
         loss_fn: one of :data:`pofe.losses.LOSSES` (pure function, soft labels via ``p``).
         micro_batches: gradient-accumulation steps; the pairs are split evenly over them.
@@ -358,7 +358,7 @@ def dap_backward(
             last micro-batch (``lambda: accelerator.no_sync(model)``).
         lockstep: run a zero-weight dummy pass for empty micro-batches (data parallel).
         precision: ``bf16`` runs both forwards (and so the backward) under bf16 autocast, fp32
-            master weights (:mod:`pofe.training.precision`).
+            master weights (:mod:`pofe.runtime.precision`).
 
     Returns:
         Per-pair losses and implicit rewards, plus time split and token count.

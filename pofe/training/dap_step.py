@@ -11,9 +11,9 @@ from typing import Any
 from pofe.training.dap import DapResult, TokenPair, dap_backward
 from pofe.training.ledger import loss_row
 from pofe.training.metrics import step_metrics
-from pofe.training.parallel import gather, reduce_sum
-from pofe.training.step import optimizer_step
-from pofe.training.zero import ZeroOptimizer
+from pofe.runtime.parallel import gather, reduce_sum
+from pofe.runtime.step import optimizer_step
+from pofe.runtime.zero import ZeroOptimizer
 
 
 def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, scheduler, loss_fn, beta: float, pad_token_id: int,
@@ -23,7 +23,7 @@ def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, sch
     gradient is the gradient of the global mean loss. A NaN/inf loss stops the run before the
     optimiser step (and so before any checkpoint). Returns the result and the gradient norm
     (None when nothing was trained anywhere: the optimiser step is skipped) and the learning rate the
-    step used; the schedule advances either way (:func:`pofe.training.step.optimizer_step`)."""
+    step used; the schedule advances either way (:func:`pofe.runtime.step.optimizer_step`)."""
     world = acc.num_processes
     n_global = reduce_sum(acc, len(pairs))
     res = None

@@ -144,7 +144,7 @@ class OffPolicyProbe:
 
     def _sample(self, step: int, policy, tokenizer, sampling, device) -> tuple[float, int]:
         from pofe.generation import generate
-        from pofe.training.online_pairs import prompt_input
+        from pofe.generation.base import prompt_input
         from pofe.records import Prompt
 
         prompts = [Prompt(pp.prompt, messages=getattr(pp, "messages", None)) for pp in self.pairs]
@@ -158,7 +158,7 @@ class OffPolicyProbe:
     def row(self, step: int, measured: dict[str, Any], pairs, result, *, acc) -> dict[str, Any]:
         """The step's ``offpolicy/*`` keys (every process calls this: the fresh sums are summed over
         processes; the offline rows are the same on every process)."""
-        from pofe.training.parallel import reduce_sum
+        from pofe.runtime.parallel import reduce_sum
 
         if not self.due(step):
             return {}

@@ -115,7 +115,7 @@ class DriftMonitor:
         stop) leaves :attr:`stop` for :meth:`stop_after`. ``dp``: the run's processes, which split
         the judging and all get the same report (a collective: every process calls it)."""
         from pofe.evaluation.audit import describe_check, run_audit
-        from pofe.training.parallel import DataParallel
+        from pofe.runtime.parallel import DataParallel
 
         if judge is None or not self.due(step):
             return {}

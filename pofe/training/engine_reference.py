@@ -73,7 +73,7 @@ def engine_refusal(cfg) -> str | None:
 
 
 class EngineReference:
-    """The :class:`pofe.training.Reference` interface (``model()``, ``module``, ``lora``), plus
+    """The :class:`pofe.runtime.Reference` interface (``model()``, ``module``, ``lora``), plus
     :meth:`engine_logps` once the engine has been measured and chosen."""
 
     def __init__(self, reference, generator, settings: ReferenceSettings, state: dict[str, Any] | None = None,
@@ -163,7 +163,7 @@ def trainer_logps(reference, pairs: Sequence, *, pad_token_id: int, device, prec
     """The trainer's own pi_0 pass on ``pairs`` (2m,): what :func:`pofe.training.dap.dap_backward` computes
     without the engine (joint batch; the packed pass agrees with it to float rounding)."""
     from pofe.training.dap import pair_logps
-    from pofe.training.precision import autocast
+    from pofe.runtime.precision import autocast
 
     if not pairs:
         return torch.zeros(0)

@@ -52,8 +52,8 @@ from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig, RubricJudgeConfig
 from pofe.judges.pointwise import parse_rubric_score
 from pofe.runs import read_jsonl
-from pofe.training.guards import fault_point
-from pofe.training.parallel import DataParallel
+from pofe.runtime.guards import fault_point
+from pofe.runtime.parallel import DataParallel
 from pofe.training.stages import write_jsonl
 
 ONE = DataParallel()

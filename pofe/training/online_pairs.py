@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pofe.generation import SamplingConfig, generate
+from pofe.generation.base import prompt_input
 from pofe.labels import DROP_REASONS, LabelPolicy, harden, orient
 from pofe.records import Completion, Judgment, Prompt
 from pofe.training.dap import TokenPair
@@ -34,10 +35,6 @@ class Annotation:
     b: Completion
     judgment: Judgment | None  # None when not judged (identical responses)
     selected: bool = True  # False: a round-robin comparison only used for ranking (n > 2)
-
-
-def prompt_input(p: Prompt):
-    return list(p.messages) if p.messages else p.text
 
 
 def sample_and_annotate(policy, tokenizer, judge, prompts: Sequence[Prompt], *, n: int, sampling: SamplingConfig,

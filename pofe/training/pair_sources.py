@@ -34,7 +34,7 @@ from pofe.runs import JsonlWriter
 from pofe.training.annotator import computes_on_pi0_tensors
 from pofe.training.dap import TokenPair, tokenize_pair
 from pofe.training.online_pairs import label_annotations, sample_and_annotate, zero_counts
-from pofe.training.parallel import gather, sampling_seed
+from pofe.runtime.parallel import gather, sampling_seed
 from pofe.training.prefetch import Prefetch
 
 
@@ -357,7 +357,7 @@ def make_source(cfg, acc, ddp_policy, tokenizer, judges, items: list, state: dic
     source = SOURCES[cfg.mode](lp, EngineSync(engine, cfg, last=start))
     if judges.judge is not None:
         from pofe.judges.usage import BudgetMeter, budget_of
-        from pofe.training.parallel import DataParallel
+        from pofe.runtime.parallel import DataParallel
 
         source.meter = BudgetMeter(budget_of(cfg.judge), [judges.judge], dp=DataParallel(acc), state=state)
     return source

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training.model import ModelConfig, check_lora_targets, no_hub_lookup_at_save
+from pofe.runtime.model import ModelConfig, check_lora_targets, no_hub_lookup_at_save
 
 
 def rm_text(tokenizer, prompt: str | Sequence[dict[str, str]], response: str) -> str:
@@ -103,7 +103,7 @@ def save_reward_model(model, tokenizer, out_dir, *, max_length: int, labels: str
     import json
 
     from pofe.runs import atomic_write_text
-    from pofe.training.checkpoints import save_final
+    from pofe.runtime.checkpoints import save_final
 
     out = save_final(model, tokenizer, out_dir)
     atomic_write_text(out / "pofe_reward_model.json", json.dumps(

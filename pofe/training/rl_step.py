@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from pofe.generation import SamplingConfig
-from pofe.training.parallel import DataParallel, merge_metrics
-from pofe.training.precision import autocast
+from pofe.runtime.parallel import DataParallel, merge_metrics
+from pofe.runtime.precision import autocast
 from pofe.training.rl import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
                               token_logprobs)
-from pofe.training.step import optimizer_step
+from pofe.runtime.step import optimizer_step
 
 
 def rl_step(policy, ref, tokenizer, prompts: Sequence[str], cfg, reward_fn: RewardFn, optimizer, scheduler,

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from pofe.records import PreferencePair
-from pofe.training.activations import lean_activations
-from pofe.training.parallel import DataParallel
-from pofe.training.precision import autocast
+from pofe.runtime.activations import lean_activations
+from pofe.runtime.parallel import DataParallel
+from pofe.runtime.precision import autocast
 from pofe.training.reward_model import pair_prompt, rewards
-from pofe.training.step import optimizer_step
+from pofe.runtime.step import optimizer_step
 
 
 def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int | None = None) -> list[list[int]]:

@@ -7,14 +7,14 @@ stages; ``iter_t/metrics.json`` marks the whole iteration finished. The run fold
 from the driver's checkpoints and ``metrics.jsonl`` are :mod:`pofe.recipe`'s; the algorithm
 reads top to bottom in :mod:`pofe.loops.self_reward`. ``cfg`` is a ``SelfRewardConfig``.
 
-Data-parallel (``torchrun``; ``dp`` a :class:`pofe.training.parallel.DataParallel`): every process
+Data-parallel (``torchrun``; ``dp`` a :class:`pofe.runtime.parallel.DataParallel`): every process
 runs every stage; candidate generation and scoring, greedy responses and judging are split by
 prompt block (``dp.map``: each process its contiguous block, results gathered in input order),
 SFT and DPO shard their steps through the driver; only rank 0 writes a stage's file, and a
 "skipped when present" test is rank 0's answer (``dp.from_main``), so every process takes the
 same branch. Self-Instruct prompts and EFT justifications are written by rank 0 alone (the
 others wait for its file). Sampled candidates depend on the number of processes (each block
-draws from its own seed, :func:`pofe.training.parallel.block_seed`); greedy responses and a
+draws from its own seed, :func:`pofe.runtime.parallel.block_seed`); greedy responses and a
 deterministic judge's verdicts do not, and a resume with the same number of processes is the
 uninterrupted run.
 
@@ -45,13 +45,13 @@ from pofe.generation.self_instruct import completion_fn, generate_prompts
 from pofe.judges.base import Capability, has_capability
 from pofe.judges.registry import build_shared_judge
 from pofe.runs import RunConfig, RunError, read_jsonl
-from pofe.training.checkpoints import final_complete
-from pofe.training.guards import fault_point
-from pofe.training.model import ModelConfig
-from pofe.training.parallel import DataParallel
+from pofe.runtime.checkpoints import final_complete
+from pofe.runtime.guards import fault_point
+from pofe.runtime.model import ModelConfig
+from pofe.runtime.parallel import DataParallel
 from pofe.training.self_reward_variants import variant_pairs
 from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def stage_load_kwargs(cfg, name: str) -> dict[str, Any]:
 
 def checkpoint_policy(cfg, prev_model: str, ckpt: Path | None, final: Path):
     """The model of a DPO checkpoint (``None`` = the final one)."""
-    from pofe.training.checkpoints import load_checkpoint
-    from pofe.training.model import load_policy
+    from pofe.runtime.checkpoints import load_checkpoint
+    from pofe.runtime.model import load_policy
 
     if ckpt is None:
         return load_stage_model(str(final), cfg)

@@ -44,7 +44,7 @@ from pofe.evaluation.stats import kendall_tau_b
 from pofe.data.aift import build_pairs
 from pofe.runs import read_jsonl
 from pofe.training.meta_rewarding import meta_rewarding_pairs
-from pofe.training.parallel import DataParallel
+from pofe.runtime.parallel import DataParallel
 from pofe.training.stages import write_jsonl
 
 

@@ -18,10 +18,10 @@ import torch
 from pofe.logprobs import build_batch, completion_token_logprobs
 from pofe.models import apply_chat_template
 from pofe.records import SFTExample
-from pofe.training.activations import lean_activations
-from pofe.training.parallel import DataParallel
-from pofe.training.precision import Precision, autocast
-from pofe.training.step import optimizer_step
+from pofe.runtime.activations import lean_activations
+from pofe.runtime.parallel import DataParallel
+from pofe.runtime.precision import Precision, autocast
+from pofe.runtime.step import optimizer_step
 
 
 @dataclass(frozen=True)

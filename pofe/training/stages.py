@@ -59,7 +59,7 @@ def link_final(final: Path, model: str, load) -> Path:
     if src.is_dir() and Path(os.path.abspath(src)).is_relative_to(os.path.abspath(run_dir)):
         os.symlink(os.path.relpath(os.path.abspath(src), os.path.abspath(run_dir)), final)
     else:
-        from pofe.training.checkpoints import save_final
+        from pofe.runtime.checkpoints import save_final
 
         save_final(*load(), final)
     return final

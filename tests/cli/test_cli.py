@@ -157,7 +157,7 @@ def test_the_driver_refuses_world_size_2_for_a_single_process_recipe(tmp_path, m
     from pofe.config import load_config
     from pofe.loops.sft import SFTConfig
     from pofe.recipe import Recipe, drive
-    from pofe.training.guards import MultiProcessRefused
+    from pofe.runtime.guards import MultiProcessRefused
 
     class Solo(Recipe):  # a recipe that neither shards its data nor all-reduces
         command = "solo"

@@ -154,7 +154,7 @@ def test_typed_range_helpers():
 ])
 def test_shared_sections_validate_ranges_naming_the_key(override, key):
     from pofe.runs import RunConfig
-    from pofe.training import ModelConfig, OptimConfig
+    from pofe.runtime import ModelConfig, OptimConfig
 
     class Cfg(PofeConfig):
         model: ModelConfig = ModelConfig()
@@ -167,7 +167,7 @@ def test_shared_sections_validate_ranges_naming_the_key(override, key):
 
 
 def test_betas_and_adapter_conflict_are_refused():
-    from pofe.training import ModelConfig, OptimConfig
+    from pofe.runtime import ModelConfig, OptimConfig
 
     with pytest.raises(ConfigError, match="betas"):
         load_config(OptimConfig, None, ["betas=[0.9, 1.0]"])
@@ -176,7 +176,7 @@ def test_betas_and_adapter_conflict_are_refused():
 
 
 def test_print_config_shows_field_docstrings_and_loads_back(tmp_path):
-    from pofe.training import ModelConfig, OptimConfig
+    from pofe.runtime import ModelConfig, OptimConfig
 
     class Cfg(PofeConfig):
         model: ModelConfig = ModelConfig()

@@ -100,7 +100,7 @@ def _cases():
     from pofe.evaluation.report import RunFolderNotFound
     from pofe.generation.vllm import EngineSyncError
     from pofe.judges.base import EndpointError, JudgeCapabilityError, JudgeConfigError, JudgeError
-    from pofe.training.guards import MultiProcessRefused, NonFiniteWeights
+    from pofe.runtime.guards import MultiProcessRefused, NonFiniteWeights
 
     return [
         (ConfigError("config.yaml: unknown key 'judge.tempalte'\n  did you mean judge.template?"), 2,

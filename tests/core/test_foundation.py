@@ -155,7 +155,7 @@ def test_load_policy_honours_model_device(monkeypatch, tiny_model_dir):
     """model.device reaches the loaded weights: the device resolution is redirected to the
     ``meta`` device (no accelerator here), and the policy's parameters must land there."""
     import pofe.models as M
-    from pofe.training import ModelConfig, load_policy
+    from pofe.runtime import ModelConfig, load_policy
 
     asked = []
 
@@ -176,7 +176,7 @@ def test_loaded_model_records_the_name_not_the_cache_path(monkeypatch, tiny_mode
     import torch
 
     import pofe.models as M
-    from pofe.training import LoraSettings, ModelConfig, load_policy, save_final
+    from pofe.runtime import LoraSettings, ModelConfig, load_policy, save_final
 
     monkeypatch.setitem(M.EMBEDDED_MODELS, "tiny-embedded", ("nope", "nope.gguf"))
     monkeypatch.setattr(M, "ensure_embedded_cache", lambda name=None: tiny_model_dir)
@@ -201,7 +201,7 @@ def test_loaded_model_records_the_name_not_the_cache_path(monkeypatch, tiny_mode
 def test_model_adapter_continues_training_an_existing_adapter(tiny_model_dir, tmp_path, tokenizer):
     import torch
 
-    from pofe.training import LoraSettings, ModelConfig, Reference, load_policy, save_final
+    from pofe.runtime import LoraSettings, ModelConfig, Reference, load_policy, save_final
 
     first, tok = load_policy(ModelConfig(name=str(tiny_model_dir), lora=LoraSettings(enabled=True, r=2)))
     with torch.no_grad():

@@ -24,7 +24,7 @@ from pofe.hub import (
 )
 from pofe.recipe import CheckpointConfig, Recipe, drive
 from pofe.runs import RunConfig, untrusted_settings
-from pofe.training.tracking import LogConfig, TrackerMissing, check_trackers
+from pofe.runtime.tracking import LogConfig, TrackerMissing, check_trackers
 
 SUMMARY = {"command": "online", "run_dir": "/runs/online-7", "steps": 4, "seconds": 3.0, "loss_first": 0.6931,
            "loss_last": 0.5, "trained_pairs": 8,
@@ -156,7 +156,7 @@ class ToyRecipe(Recipe):
         return {"mse": 1.0 / step}
 
     def save_final(self, out):
-        from pofe.training.checkpoints import FINAL_MARKER
+        from pofe.runtime.checkpoints import FINAL_MARKER
 
         out.mkdir()
         (out / "weights.bin").write_bytes(b"\x00\x01")
@@ -242,7 +242,7 @@ def test_tracker_keys_are_typed_and_need_their_tracker(tmp_path):
 def test_sink_passes_the_wandb_and_mlflow_keys(tmp_path, monkeypatch):
     import types
 
-    from pofe.training.tracking import MetricsSink
+    from pofe.runtime.tracking import MetricsSink
 
     calls = {}
     wandb = types.SimpleNamespace(init=lambda **kw: calls.setdefault("wandb", kw) and types.SimpleNamespace(

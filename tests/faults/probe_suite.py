@@ -775,7 +775,7 @@ def probes_crash() -> list[Probe]:
             data = f.read_bytes()
             f.write_bytes(data[: len(data) // keep])
             res = pofe(ctx, command, "--resume", d / "runs" / "r")
-            from pofe.training import final_complete
+            from pofe.runtime import final_complete
 
             return judge_result(res, code=0, check=lambda: None if final_complete(f.parent) and f.stat().st_size == len(data)
                                 else "final/ still torn after exit 0")

@@ -24,7 +24,7 @@ import torch
 from pofe.config import PofeConfig
 from pofe.recipe import CheckpointConfig, Recipe, drive
 from pofe.runs import RunConfig, read_jsonl
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 pytestmark = pytest.mark.faults
 
@@ -184,7 +184,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_intact_one_sayin
 
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_a_damaged_only_checkpoint_is_refused_with_one_line_and_nothing_is_touched(tmp_path, case):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r", keep_last=1)
     run = tmp_path / "r"
@@ -202,7 +202,7 @@ def test_a_damaged_only_checkpoint_is_refused_with_one_line_and_nothing_is_touch
 
 
 def test_every_checkpoint_damaged_is_refused_naming_the_newest(tmp_path):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r")
     run = tmp_path / "r"
@@ -221,7 +221,7 @@ def test_a_checkpoint_without_its_manifest_is_refused_unless_an_older_pofe_wrote
     """Format 3 checkpoints are written with a manifest (last, inside the atomic write): one without
     it is damaged. A format-2 checkpoint (pofe before manifests) resumes with a warning: refusing it
     would strand every run started before; its structure is still checked."""
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r", keep_last=1)
     run = tmp_path / "r"
@@ -242,7 +242,7 @@ def test_a_checkpoint_without_its_manifest_is_refused_unless_an_older_pofe_wrote
 
 
 def test_an_old_checkpoint_with_a_missing_section_is_still_refused(tmp_path):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r", keep_last=1)
     ckpt = tmp_path / "r" / "checkpoints" / "step-4"
@@ -260,7 +260,7 @@ def test_an_old_checkpoint_with_a_missing_section_is_still_refused(tmp_path):
 def test_load_checkpoint_refuses_weights_the_checkpoint_lacks(tmp_path):
     """``strict=False`` used to refuse only tensors the model lacks: a checkpoint without ``bias``
     loaded and the bias kept whatever the fresh model had."""
-    from pofe.training import CheckpointError, load_checkpoint, save_checkpoint
+    from pofe.runtime import CheckpointError, load_checkpoint, save_checkpoint
 
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     save_checkpoint(tmp_path / "step-1", model=a, step=1, model_state={"weight": a.weight.detach()})
@@ -276,7 +276,7 @@ def test_load_checkpoint_refuses_weights_the_checkpoint_lacks(tmp_path):
 
 
 def test_an_output_cut_short_after_the_checkpoint_is_refused_not_resumed_over(tmp_path):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r")
     run = tmp_path / "r"
@@ -293,7 +293,7 @@ def test_an_output_cut_short_after_the_checkpoint_is_refused_not_resumed_over(tm
 
 
 def test_a_deleted_output_is_refused(tmp_path):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r")
     run = tmp_path / "r"
@@ -307,7 +307,7 @@ def test_a_deleted_output_is_refused(tmp_path):
 
 
 def test_an_output_rewritten_in_place_is_refused(tmp_path):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     _toy(tmp_path, "r")
     run = tmp_path / "r"
@@ -360,7 +360,7 @@ def test_online_resume_refuses_a_deleted_ledger(tmp_path, tiny_model_dir):
     from _online_utils import tiny_cfg
 
     from pofe.loops.online import run as online
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     cfg = tiny_cfg(tmp_path, tiny_model_dir, "run.name=r", "eval.enabled=false")
     online(cfg)

@@ -49,7 +49,7 @@ def test_planted_pickle_in_a_checkpoint_is_not_executed_on_resume(tmp_path, tiny
 
 @pytest.mark.slow
 def test_checkpoint_in_the_old_pickled_format_is_refused_not_read(tmp_path, tiny_model_dir):
-    from pofe.training import CheckpointError
+    from pofe.runtime import CheckpointError
 
     cfg = tiny_cfg(tmp_path, tiny_model_dir, "run.name=r", "eval.enabled=false")
     _run(cfg)
@@ -93,7 +93,7 @@ def test_torn_final_is_detected_and_rewritten_on_resume(tmp_path, tiny_model_dir
 
 
 def test_final_marker_detects_truncation_and_missing_files(tmp_path, tiny_model, tokenizer):
-    from pofe.training import final_complete, save_final
+    from pofe.runtime import final_complete, save_final
 
     out = save_final(tiny_model, tokenizer, tmp_path / "final")
     assert final_complete(out) and not list(tmp_path.glob(".final-*"))  # no temporary left behind
@@ -110,7 +110,7 @@ def test_non_finite_loss_stops_before_the_step_and_the_checkpoint(tmp_path, tiny
     disk is step 1's (finite), and no step-2 checkpoint or final model exists."""
     import pofe.loops.online as online
     from pofe.losses import get_loss
-    from pofe.training import NonFiniteLoss
+    from pofe.runtime import NonFiniteLoss
 
     real = get_loss("dpo")
     calls = {"n": 0}
@@ -131,7 +131,7 @@ def test_non_finite_loss_stops_before_the_step_and_the_checkpoint(tmp_path, tiny
 
 
 def test_check_finite():
-    from pofe.training import NonFiniteLoss, check_finite
+    from pofe.runtime import NonFiniteLoss, check_finite
 
     check_finite(0.5, step=1)
     check_finite(torch.tensor([0.1, 2.0]), step=1)
@@ -146,8 +146,8 @@ def test_checkpoint_roundtrip_restores_optimizer_scheduler_and_rng_exactly(tmp_p
 
     import numpy as np
 
-    from pofe.training import (OptimConfig, load_checkpoint, make_optimizer, make_scheduler, save_checkpoint,
-                               seed_everything)
+    from pofe.runtime import (OptimConfig, load_checkpoint, make_optimizer, make_scheduler, save_checkpoint,
+                              seed_everything)
 
     def train(model, opt, sched, n):
         for _ in range(n):
@@ -188,7 +188,7 @@ def test_checkpoint_writes_the_models_own_tensors_and_copies_only_shared_or_stri
     as they are) and every value reads back exactly."""
     from safetensors.torch import load_file
 
-    from pofe.training.checkpoints import _trainable_state_dict
+    from pofe.runtime.checkpoints import _trainable_state_dict
 
     m = torch.nn.Module()
     m.a = torch.nn.Parameter(torch.arange(12.0).reshape(3, 4))
@@ -200,7 +200,7 @@ def test_checkpoint_writes_the_models_own_tensors_and_copies_only_shared_or_stri
     assert sd["a"].data_ptr() == m.a.data_ptr()  # the model's own tensor, not a copy
     assert sd["b"].data_ptr() != m.a.data_ptr() and sd["c"].is_contiguous()
 
-    from pofe.training import save_checkpoint
+    from pofe.runtime import save_checkpoint
 
     save_checkpoint(tmp_path / "c", model=m, step=1)
     back = load_file(str(tmp_path / "c" / "model.safetensors"))

@@ -72,7 +72,7 @@ def test_collective_timeout_bounds_and_default():
 
 
 def test_collective_timeout_line():
-    from pofe.training.parallel import collective_timeout_line
+    from pofe.runtime.parallel import collective_timeout_line
 
     assert collective_timeout_line(20, 0, 2) == (
         "collective timed out after 20 s on rank 0 of 2: rank 1 stopped answering (stopped, hung or swapped out); "
@@ -85,7 +85,7 @@ def test_gloo_timeout_error_becomes_the_line(monkeypatch):
     import torch.distributed as dist
 
     from pofe.cli.main import describe_error
-    from pofe.training import parallel
+    from pofe.runtime import parallel
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
@@ -98,7 +98,7 @@ def test_gloo_timeout_error_becomes_the_line(monkeypatch):
 
 
 def test_resume_refuses_another_process_count(tmp_path):
-    from pofe.training.checkpoints import CheckpointError, check_processes
+    from pofe.runtime.checkpoints import CheckpointError, check_processes
 
     ckpt = tmp_path / "step-2"
     ckpt.mkdir()

@@ -127,7 +127,7 @@ def test_pofe_error_types_map_by_class():
     from pofe.config import ConfigError
     from pofe.models import DeviceUnavailable, ModelError
     from pofe.runs import RunError
-    from pofe.training import CheckpointError, MultiProcessRefused, NonFiniteLoss
+    from pofe.runtime import CheckpointError, MultiProcessRefused, NonFiniteLoss
 
     for exc, code in [(ConfigError("a\nb"), 2), (RunError("r"), 2), (ModelError("m"), 2), (CheckpointError("c"), 2),
                       (MultiProcessRefused("w"), 2), (NonFiniteLoss("n"), 1), (DeviceUnavailable("d"), 1)]:

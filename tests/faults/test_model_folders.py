@@ -1,5 +1,5 @@
 """Model folders are untrusted input (issue 45, point 2): one loader path (``pofe.models.load_model``,
-``load_tokenizer``, ``load_adapter``; ``pofe.training.load_policy`` on top) checks config, weights and
+``load_tokenizer``, ``load_adapter``; ``pofe.runtime.load_policy`` on top) checks config, weights and
 tokenizer before use. Each bad folder is one ``ModelError`` line naming the file, never a random
 initialisation, a hang or an internal error; the base model's identity goes into ``run.json`` and a
 resume refuses a changed base.
@@ -79,7 +79,7 @@ def test_config_with_more_layers_than_the_weights_is_refused_never_randomly_init
 
 
 def test_the_training_path_refuses_it_too(folder):
-    from pofe.training import ModelConfig, load_policy
+    from pofe.runtime import ModelConfig, load_policy
 
     _edit_config(folder, num_hidden_layers=4)
     line = _refused(lambda: load_policy(ModelConfig(name=str(folder), device="cpu")))
@@ -245,7 +245,7 @@ def test_an_adapter_whose_weights_are_for_other_modules_is_refused(tmp_path, tin
 
 
 def test_new_lora_target_modules_matching_nothing_is_one_line(tiny_model_dir):
-    from pofe.training import LoraSettings, ModelConfig, load_policy
+    from pofe.runtime import LoraSettings, ModelConfig, load_policy
 
     cfg = ModelConfig(name=str(tiny_model_dir), device="cpu", lora=LoraSettings(enabled=True, target_modules=["qproj"]))
     line = _refused(lambda: load_policy(cfg))
@@ -272,7 +272,7 @@ def test_resume_refuses_a_base_model_folder_whose_weights_were_replaced(tmp_path
     from pofe.config import PofeConfig
     from pofe.models import tiny_causal_lm
     from pofe.runs import RunConfig, RunError, open_run, verify_run_folder, write_config
-    from pofe.training import ModelConfig
+    from pofe.runtime import ModelConfig
 
     class Cfg(PofeConfig):
         model: ModelConfig
@@ -311,7 +311,7 @@ def test_the_cli_prints_the_one_line_and_leaves_no_run_folder(tmp_path, folder):
 
 
 def test_a_reward_models_lora_target_modules_matching_nothing_is_one_line(tiny_model_dir):
-    from pofe.training import LoraSettings, ModelConfig
+    from pofe.runtime import LoraSettings, ModelConfig
     from pofe.training.reward_model import load_reward_model
 
     cfg = ModelConfig(name=str(tiny_model_dir), device="cpu", lora=LoraSettings(enabled=True, target_modules=["qproj"]))

@@ -75,8 +75,8 @@ def test_nan_weights_are_never_checkpointed(tmp_path, tiny_model):
     checkpoint was saved before sampling failed in step 3 (a resume then started from NaN)."""
     import torch
 
-    from pofe.training import save_checkpoint
-    from pofe.training.guards import NonFiniteWeights
+    from pofe.runtime import save_checkpoint
+    from pofe.runtime.guards import NonFiniteWeights
 
     save_checkpoint(tmp_path / "checkpoints" / "step-1", model=tiny_model, step=1)
     with torch.no_grad():
@@ -88,7 +88,7 @@ def test_nan_weights_are_never_checkpointed(tmp_path, tiny_model):
 
 def test_diverged_sampling_and_nan_weights_are_one_line_exit_1():
     from pofe.cli.main import describe_error
-    from pofe.training.guards import NonFiniteWeights
+    from pofe.runtime.guards import NonFiniteWeights
 
     code, line = describe_error(RuntimeError("probability tensor contains either `inf`, `nan` or element < 0"))
     assert code == 1 and "not finite" in line and "optim.lr" in line
@@ -137,7 +137,7 @@ def test_self_reward_crash_before_the_iteration_row_redoes_only_what_is_missing(
     * Selection prunes DPO's checkpoints; a resume after it used to find none and train the
       whole DPO stage again (hours on a real model). DPO is now done once."""
     from pofe.loops.self_reward import run
-    from pofe.training import tracking
+    from pofe.runtime import tracking
 
     class Crash(RuntimeError):
         pass
@@ -171,7 +171,7 @@ def test_self_reward_model_folder_torn_mid_copy_is_redone(tmp_path, tiny_model_d
     from safetensors.torch import load_file
 
     from pofe.loops.self_reward import run
-    from pofe.training import final_complete
+    from pofe.runtime import final_complete
 
     run(_sr_cfg(tmp_path, tiny_model_dir, keep_checkpoints=True))
     root = tmp_path / "runs" / "r"

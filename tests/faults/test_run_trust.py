@@ -214,7 +214,7 @@ def test_planted_checkpoint_links_never_write_or_prune_outside(tmp_path):
     import torch
 
     from pofe.runs import open_run, release_run
-    from pofe.training import CheckpointError, latest_checkpoint, prune_checkpoints, save_checkpoint
+    from pofe.runtime import CheckpointError, latest_checkpoint, prune_checkpoints, save_checkpoint
 
     run_dir = _planted_online(tmp_path)
     outside = tmp_path / "outside"
@@ -351,7 +351,7 @@ _UMASK_SCRIPT = r"""
 import os, sys, torch
 from pathlib import Path
 from pofe.runs import RunConfig, new_run_dir, write_config, atomic_write_text, JsonlWriter
-from pofe.training import save_checkpoint
+from pofe.runtime import save_checkpoint
 d = new_run_dir(RunConfig(output_dir=sys.argv[1], name="r"), "x")
 write_config(d, RunConfig())
 atomic_write_text(d / "summary.json", "{}")

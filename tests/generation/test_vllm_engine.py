@@ -95,7 +95,7 @@ def test_no_stale_weights_lora(tiny64_dir, tokenizer, lora_sync):
     from transformers import AutoModelForCausalLM
 
     from pofe.generation import generate
-    from pofe.training import LoraSettings, apply_lora
+    from pofe.runtime import LoraSettings, apply_lora
 
     model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                        LoraSettings(enabled=True, r=8, alpha=16))
@@ -225,7 +225,7 @@ def test_bfloat16_engine_follows_a_merged_lora_update(tiny64_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
     from pofe.generation import generate
-    from pofe.training import LoraSettings, apply_lora
+    from pofe.runtime import LoraSettings, apply_lora
 
     torch.manual_seed(0)  # the same LoRA A and update whatever ran before
     model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),

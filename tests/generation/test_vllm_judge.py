@@ -95,7 +95,7 @@ def test_pi0_judge_never_shares_an_engine_a_generator_syncs(tiny64_dir, tokenize
     from transformers import AutoModelForCausalLM
 
     from pofe.generation import SamplingConfig, make_generator
-    from pofe.training import LoraSettings, apply_lora
+    from pofe.runtime import LoraSettings, apply_lora
 
     policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32),
                         LoraSettings(enabled=True, r=8, alpha=16))

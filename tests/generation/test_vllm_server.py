@@ -317,7 +317,7 @@ def test_sync_check_settings_and_gap():
 
 # ----------------------------------------------------------------------------- LoRA policies
 def _lora_model(tiny_model):
-    from pofe.training import LoraSettings, apply_lora
+    from pofe.runtime import LoraSettings, apply_lora
 
     model = apply_lora(tiny_model, LoraSettings(enabled=True, r=8, alpha=16))
     g = torch.Generator().manual_seed(0)

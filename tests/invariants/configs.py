@@ -10,7 +10,7 @@ Keys are those of the commands on the one driver (``pofe.recipe``): ``data.*`` f
 edit in the function of its command.
 
 ``Command`` says what the harness needs to know about each command besides its config: the
-argv words, its fault points (``pofe.training.fault_point``, read off the loops), what files it
+argv words, its fault points (``pofe.runtime.fault_point``, read off the loops), what files it
 writes and how they are compared.
 """
 

@@ -4,7 +4,7 @@ SIGKILLed at a fault point, and compare what two runs wrote.
 ``pofe`` runs the way a user runs it (``python -m pofe <cmd> --config C.yaml``, through
 ``tests/_cli.py``), with one CPU thread (so two runs do the same arithmetic in the same order:
 the basis of the bit-identical claims) and no hub. A kill uses the loops' own fault points
-(``POFE_FAULT=<point>``: ``pofe.training.fault_point`` sends SIGKILL to the process at that
+(``POFE_FAULT=<point>``: ``pofe.runtime.fault_point`` sends SIGKILL to the process at that
 line, no cleanup).
 """
 

@@ -134,7 +134,7 @@ def test_sharded_config_refuses_hf_generate_with_one_line_before_any_model_loads
 
 
 def test_requested_sharding_reads_the_launcher_environment():
-    from pofe.training.guards import ShardingRefused, refuse_sharding, requested_sharding
+    from pofe.runtime.guards import ShardingRefused, refuse_sharding, requested_sharding
 
     assert requested_sharding({}) is None
     assert requested_sharding({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == "FSDP2"
@@ -162,7 +162,7 @@ def test_every_accelerate_example_is_valid_yaml_for_accelerate():
 
 
 def test_a_hand_set_world_size_without_a_launcher_is_one_line():
-    from pofe.training.guards import MultiProcessRefused, require_launcher
+    from pofe.runtime.guards import MultiProcessRefused, require_launcher
 
     require_launcher("pofe sft", {})  # one process
     require_launcher("pofe sft", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})

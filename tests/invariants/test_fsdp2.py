@@ -1,4 +1,4 @@
-"""Sharded training (FSDP2, :mod:`pofe.training.sharding`) on CPU processes (torchrun, gloo), asked
+"""Sharded training (FSDP2, :mod:`pofe.runtime.sharding`) on CPU processes (torchrun, gloo), asked
 the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks for it
 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``):
 
@@ -11,7 +11,7 @@ the way ``accelerate launch --config_file examples/accelerate/fsdp2.yaml`` asks 
 * the checkpoint is pofe's one format (the same tensor names as the one-process run's), and a
   SIGKILLed sharded run resumed sharded ends bit-identical to the uninterrupted sharded run.
 * what a sharded launch cannot train is refused with one line before any model loads
-  (:func:`pofe.training.sharding.refuse_unsupported`).
+  (:func:`pofe.runtime.sharding.refuse_unsupported`).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def test_sharded_sigkill_then_resume_equals_the_uninterrupted_sharded_run(tmp_pa
 # ----------------------------------------------------------------------------- refusals (no processes)
 
 def _refusal(command: str, cfg, environ=FSDP2) -> str:
-    from pofe.training.guards import ShardingRefused
-    from pofe.training.sharding import refuse_unsupported
+    from pofe.runtime.guards import ShardingRefused
+    from pofe.runtime.sharding import refuse_unsupported
 
     with pytest.raises(ShardingRefused) as e:
         refuse_unsupported(command, cfg, environ)
@@ -111,7 +111,7 @@ def test_what_a_sharded_launch_cannot_train_is_one_line():
     from pofe.loops.online import OnlineConfig
     from pofe.loops.rl import RLConfig
     from pofe.loops.sft import SFTConfig
-    from pofe.training.sharding import refuse_unsupported
+    from pofe.runtime.sharding import refuse_unsupported
 
     refuse_unsupported("sft", SFTConfig(), FSDP2)  # trains sharded
     refuse_unsupported("online", OnlineConfig(mode="offline", eval={"enabled": False}), FSDP2)

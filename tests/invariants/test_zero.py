@@ -1,4 +1,4 @@
-"""Sharded training with DeepSpeed ZeRO (:mod:`pofe.training.zero`) on CPU processes (torchrun,
+"""Sharded training with DeepSpeed ZeRO (:mod:`pofe.runtime.zero`) on CPU processes (torchrun,
 gloo, ``DS_ACCELERATOR=cpu``), asked the way ``accelerate launch --config_file
 examples/accelerate/zero3.yaml`` asks for it (``ACCELERATE_USE_DEEPSPEED=true
 ACCELERATE_DEEPSPEED_ZERO_STAGE=3``):
@@ -130,8 +130,8 @@ def test_zero3_sigkill_then_resume_equals_the_uninterrupted_zero3_run(dtype, tmp
 # ----------------------------------------------------------------------------- refusals (no processes)
 
 def _refusal(command: str, cfg, environ) -> str:
-    from pofe.training.guards import ShardingRefused
-    from pofe.training.sharding import refuse_unsupported
+    from pofe.runtime.guards import ShardingRefused
+    from pofe.runtime.sharding import refuse_unsupported
 
     with pytest.raises(ShardingRefused) as e:
         refuse_unsupported(command, cfg, environ)
@@ -143,7 +143,7 @@ def test_what_a_zero_launch_cannot_train_is_one_line():
     from pofe.loops.online import OnlineConfig
     from pofe.loops.rl import RLConfig
     from pofe.loops.sft import SFTConfig
-    from pofe.training.sharding import refuse_unsupported
+    from pofe.runtime.sharding import refuse_unsupported
 
     for stage in (1, 2, 3):
         refuse_unsupported("sft", SFTConfig(), zero(stage))  # trains under every stage

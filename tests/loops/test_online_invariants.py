@@ -22,7 +22,7 @@ from _online_utils import tiny_cfg
 from pofe.training.dap import TokenPair, dap_backward
 from pofe.losses import DEFAULT_BETA, LOSSES
 from pofe.runs import read_jsonl
-from pofe.training import Reference
+from pofe.runtime import Reference
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ def test_packed_pass_equals_the_joint_batch(tokenizer, precision, attention):
     every response is one token long and with gradient checkpointing."""
     from pofe.models import tiny_causal_lm
     from pofe.training.dap import TokenPair, completion_logps, packed_pair_logps, pairs_batch
-    from pofe.training.precision import autocast
+    from pofe.runtime.precision import autocast
 
     model = tiny_causal_lm(tokenizer)
     model.set_attn_implementation(attention)
@@ -252,8 +252,8 @@ def test_packed_pass_mask_in_the_autocast_dtype_changes_no_bit(tokenizer, monkey
     gradient that an fp32 mask (transformers' own choice under autocast) gives, bit for bit."""
     from pofe.models import tiny_causal_lm
     from pofe.training import dap
-    from pofe.training.activations import lean_activations
-    from pofe.training.precision import autocast
+    from pofe.runtime.activations import lean_activations
+    from pofe.runtime.precision import autocast
 
     model = tiny_causal_lm(tokenizer)
     model.set_attn_implementation("eager")

@@ -300,7 +300,7 @@ def test_tensorboard_sink(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("lora", [True, False])
 def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_model, tiny_model_dir, lora):
     from pofe.training.annotator import build_annotator
-    from pofe.training import Reference, load_policy
+    from pofe.runtime import Reference, load_policy
 
     cfg = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}", f"model.lora.enabled={lora}")
     policy, _ = load_policy(cfg.model, model=tiny_model, tokenizer=tokenizer)

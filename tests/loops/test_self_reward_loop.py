@@ -122,7 +122,7 @@ def test_resume_mid_scoring_and_mid_dpo(tmp_path, tiny_model_dir, monkeypatch):
     checkpoint, resume: the chunk is not redone, DPO continues from its checkpoint."""
     from pofe.data.prompts import DEFAULT_PROMPTS
     from pofe.judges.programmatic import ValueJudge
-    from pofe.training import checkpoints
+    from pofe.runtime import checkpoints
 
     pool = tmp_path / "pool.txt"
     pool.write_text("\n".join(DEFAULT_PROMPTS[:8]))

@@ -85,7 +85,7 @@ def test_sft_resume_matches_uninterrupted(tmp_path, tokenizer, monkeypatch):
     def crash(*a, **k):
         raise Crash()
 
-    import pofe.training.checkpoints as ckpts
+    import pofe.runtime.checkpoints as ckpts
 
     monkeypatch.setattr(ckpts, "prune_checkpoints", crash)  # the driver prunes right after the step-3 checkpoint
     run_dir = tmp_path / "b" / "run"
@@ -201,7 +201,7 @@ def test_cli_sft_resume_keeps_the_runs_own_config(tmp_path, tiny_model_dir):
     shutil.rmtree(run_dir / "checkpoints")  # step 2's is planted below
     from pofe.config import load_config
     from pofe.loops.sft import SFTConfig
-    from pofe.training import make_optimizer, make_scheduler, save_checkpoint
+    from pofe.runtime import make_optimizer, make_scheduler, save_checkpoint
 
     model, _ = __import__("pofe.models", fromlist=["load_model"]).load_model(str(tiny_model_dir))
     optim = load_config(SFTConfig, run_dir / "config.yaml").optim

@@ -15,10 +15,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 SHARED = {
     "checkpoint": ("pofe.recipe", "CheckpointConfig"),
     "labels": ("pofe.labels", "LabelPolicy"),
-    "log": ("pofe.training.tracking", "LogConfig"),
+    "log": ("pofe.runtime.tracking", "LogConfig"),
     "run": ("pofe.runs", "RunConfig"),
-    "optim": ("pofe.training", "OptimConfig"),
-    "model": ("pofe.training", "DeviceConfig"),
+    "optim": ("pofe.runtime", "OptimConfig"),
+    "model": ("pofe.runtime", "DeviceConfig"),
 }
 # Top-level spellings of a concept whose key lives in a shared section (the left side is refused
 # at the top level of every command; the right side is where it is).

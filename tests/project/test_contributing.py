@@ -354,7 +354,7 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
-from pofe.training.tracking import LogConfig
+from pofe.runtime.tracking import LogConfig
 
 
 class ToyTrainConfig(PofeConfig):

@@ -291,7 +291,7 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
     (tmp_path / "rl.py").write_text('"""Writes summary.json (a docstring may say so)."""\n'
                                     "from pofe.recipe import Recipe, drive\n\nclass R(Recipe):\n    pass\n\n"
                                     "def run():\n    return drive(R())\n")
-    (tmp_path / "sft.py").write_text("from pofe.training import save_checkpoint\n\n" + long_fn
+    (tmp_path / "sft.py").write_text("from pofe.runtime import save_checkpoint\n\n" + long_fn
                                      + "\nopen('summary.json')\n" + "# pad\n" * 300)
     got = loop_shape(tmp_path)
     assert "rl.py" not in got
@@ -304,16 +304,18 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
 #
 # One rank per top-level room (a subpackage or a top-level module); a room may import rooms of its
 # own rank or below, never above. The layers, bottom up: leaves (records, config, errors, runs, ...)
-# -> the runtime (today still ``training``) -> data, generation, judges -> evaluation -> the
-# driver (``recipe``) -> the commands (``loops``, ``annotate``) -> the CLI.
+# -> the runtime (``runtime``: processes, data parallel, sharding, ZeRO, checkpoints, guards, the
+# optimiser step, ...; it imports only leaves) -> data, generation, judges -> evaluation -> the
+# driver (``recipe``) -> the commands (``loops``, ``annotate``, and ``training``: the commands'
+# own pieces, until they move into per-command folders) -> the CLI.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["pofe", "errors", "paths", "secrets", "config", "records", "labels", "losses", "plugins",
                      "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders", "hub"], 0),
-    "training": 1,
+    "runtime": 1,
     **dict.fromkeys(["data", "generation", "judges"], 2),
     "evaluation": 3,
     "recipe": 4,
-    **dict.fromkeys(["loops", "annotate"], 5),
+    **dict.fromkeys(["loops", "annotate", "training"], 5),
     **dict.fromkeys(["cli", "__main__", "config_docs", "api"], 6),
 }
 
@@ -324,9 +326,6 @@ KNOWN_UPWARD = {
     ("runs", "data"), ("outputs", "data"), ("models", "data"),  # JSONL helpers / DataError live in data
     ("labels", "evaluation"),  # the calibration map's apply/load live in evaluation.calibrate
     ("judges", "evaluation"),  # jury.py's calibration
-    # the runtime primitives share a package with command pieces that import their stage packages
-    ("training", "data"), ("training", "generation"), ("training", "judges"), ("training", "evaluation"),
-    ("training", "recipe"), ("training", "loops"),
 }
 
 

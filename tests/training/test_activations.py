@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from pofe.training.activations import lean_activations
+from pofe.runtime.activations import lean_activations
 from pofe.training.dap import TokenPair, pair_logps
-from pofe.training.precision import attention_for, autocast
+from pofe.runtime.precision import attention_for, autocast
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -126,7 +126,7 @@ def test_a_class_whose_forward_changed_is_left_alone(tokenizer):
     """The class name is not trusted: a forward that no longer computes Llama's norm is not switched."""
     from transformers.models.llama import modeling_llama
 
-    import pofe.training.activations as act
+    import pofe.runtime.activations as act
 
     class LlamaRMSNorm(modeling_llama.LlamaRMSNorm):  # same name, a Gemma-style (1 + w) scale
         def forward(self, x):
@@ -142,7 +142,7 @@ def test_a_class_whose_forward_changed_is_left_alone(tokenizer):
 
 def test_the_probe_leaves_the_global_rng_alone(tokenizer):
     """Resumed runs replay torch's RNG stream; a check that only runs in some processes must not draw from it."""
-    import pofe.training.activations as act
+    import pofe.runtime.activations as act
     from pofe.models import tiny_causal_lm
 
     act._AGREES.clear()
@@ -165,7 +165,7 @@ def test_eager_attention_saves_less_with_the_same_gradients(tiny_model, tokenize
     pairs = _pairs(1)
     own = modeling.eager_attention_forward
     with pytest.MonkeyPatch.context() as mp:
-        import pofe.training.activations as A
+        import pofe.runtime.activations as A
 
         mp.setattr(A, "_attention_agrees", lambda modeling: False)
         lp0, g0, bytes0 = _pass(tiny_model, pairs, tokenizer.pad_token_id, "bf16", lean=True, shared=True, eager=True)
@@ -181,7 +181,7 @@ def test_eager_attention_saves_less_with_the_same_gradients(tiny_model, tokenize
 
 
 def test_an_eager_attention_that_changed_is_left_alone(tiny_model, monkeypatch):
-    import pofe.training.activations as A
+    import pofe.runtime.activations as A
     import transformers.models.llama.modeling_llama as modeling
 
     own = modeling.eager_attention_forward
@@ -208,7 +208,7 @@ def test_sparse_tied_embedding_gives_the_dense_gradient_as_one_dense_tensor(toke
     fused AdamW steps on it; the switch is undone after the block. Frozen or untied weights, and no
     grad, are left alone."""
     from pofe.models import tiny_causal_lm
-    from pofe.training.activations import sparse_tied_embedding
+    from pofe.runtime.activations import sparse_tied_embedding
 
     model = tiny_causal_lm(tokenizer)
     pairs = _pairs(n=4)

@@ -9,7 +9,7 @@ GLIBC = platform.libc_ver()[0] == "glibc"
 
 @pytest.fixture
 def fresh(monkeypatch):
-    from pofe.training import allocator
+    from pofe.runtime import allocator
 
     for k in allocator._ENV + ("POFE_MALLOC_TUNING", "LD_PRELOAD"):
         monkeypatch.delenv(k, raising=False)
@@ -33,7 +33,7 @@ def test_the_users_choice_is_left_alone(fresh, monkeypatch, env):
 
 
 def test_the_onednn_primitive_cache_is_bounded_unless_the_user_set_it(monkeypatch):
-    from pofe.training import allocator
+    from pofe.runtime import allocator
 
     for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
         monkeypatch.delenv(k, raising=False)

@@ -48,7 +48,7 @@ def test_fresh_logp_reuses_the_updates_policy_pass(tiny_model):
     """The DAP update's own policy pass (before the optimiser step) gives the same numbers as a
     plain forward of every trained response."""
     from pofe.losses import dpo
-    from pofe.training import Reference
+    from pofe.runtime import Reference
 
     g = random.Random(1)
     pairs = [TokenPair(tuple(g.randrange(5, 500) for _ in range(4)), tuple(g.randrange(5, 500) for _ in range(c)),

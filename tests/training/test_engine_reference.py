@@ -51,7 +51,7 @@ def _pairs():
 
 
 def _ref(tiny_model):
-    from pofe.training import Reference
+    from pofe.runtime import Reference
 
     return Reference(tiny_model, lora=False)
 

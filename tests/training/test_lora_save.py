@@ -15,12 +15,12 @@ def test_lora_save_asks_no_hub(how, tokenizer, tmp_path, monkeypatch):
     import peft.utils.other as peft_other
 
     from pofe.models import tiny_causal_lm
-    from pofe.training.model import LoraSettings, apply_lora
+    from pofe.runtime.model import LoraSettings, apply_lora
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the check is skipped offline; a user is online
     asked = []
     monkeypatch.setattr(peft_other, "file_exists", lambda repo, name, **kw: asked.append((repo, name)) or True)
-    from pofe.training.model import ModelConfig
+    from pofe.runtime.model import ModelConfig
 
     if how == "new-adapter":
         model = tiny_causal_lm(tokenizer)

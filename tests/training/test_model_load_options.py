@@ -9,7 +9,7 @@ from pofe.config import ConfigError, load_config
 from pofe.errors import ModelError
 from pofe.loops.sft import SFTConfig
 from pofe.models import load_model
-from pofe.training.model import ModelConfig, load_policy
+from pofe.runtime.model import ModelConfig, load_policy
 
 
 def _load(tmp_path, text: str) -> SFTConfig:

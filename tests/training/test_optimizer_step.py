@@ -1,4 +1,4 @@
-"""The one optimiser step (pofe.training.step.optimizer_step): hand-computed update and clipping,
+"""The one optimiser step (pofe.runtime.step.optimizer_step): hand-computed update and clipping,
 and a NaN loss in every training command stops before the optimiser touches a weight, with one
 line naming the step."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pofe.training.guards import NonFiniteLoss
-from pofe.training.step import optimizer_step
+from pofe.runtime.guards import NonFiniteLoss
+from pofe.runtime.step import optimizer_step
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -57,14 +57,14 @@ def test_non_finite_loss_stops_before_the_update_and_the_schedule(bad):
 
 
 def test_one_place_calls_optimizer_step():
-    """Only pofe/training/step.py calls ``<optimizer>.step()`` (ZeRO's wrapper calls its engine's)."""
+    """Only pofe/runtime/step.py calls ``<optimizer>.step()`` (ZeRO's wrapper calls its engine's)."""
     calls = []
     for f in sorted((ROOT / "pofe").rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
                     and "optim" in ast.unparse(node.func.value).lower()):
                 calls.append(f"{f.relative_to(ROOT)}:{node.lineno}")
-    assert calls == [f"pofe/training/step.py:{_line_of('pofe/training/step.py', 'optimizer.step()')}"]
+    assert calls == [f"pofe/runtime/step.py:{_line_of('pofe/runtime/step.py', 'optimizer.step()')}"]
 
 
 def _line_of(rel: str, text: str) -> int:

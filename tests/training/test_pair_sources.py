@@ -210,13 +210,13 @@ def test_offline_pairs_follow_the_label_policy(tokenizer):
     (["train.precision=bf16"], False, (False, True), False),  # ... or only the evaluation judge does
 ])
 def test_the_frozen_reference_goes_bf16_only_when_nothing_else_reads_it(tiny_model, sets, lora, shared, cast):
-    from pofe.training import Reference
+    from pofe.runtime import Reference
     from pofe.training.annotator import Judges as J
     from pofe.training.annotator import reference_to_bf16
 
     cfg = _cfg(*sets)
     if lora:
-        from pofe.training import LoraSettings, ModelConfig, load_policy
+        from pofe.runtime import LoraSettings, ModelConfig, load_policy
 
         model, _ = load_policy(ModelConfig(lora=LoraSettings(enabled=True, r=4)), model=tiny_model)
     else:

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _dpo_loss_and_grads(model, tokenizer, precision):
     from pofe.logprobs import build_batch, sequence_logprobs
     from pofe.losses import LOSSES
-    from pofe.training.precision import autocast
+    from pofe.runtime.precision import autocast
 
     enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
     prompts = [enc("Tell me a fact."), enc("Name a colour.")]
@@ -133,7 +133,7 @@ def test_sft_rm_rl_in_bf16_train_fp32_weights_close_to_fp32(tmp_path, tokenizer,
 def test_eager_attention_only_for_short_bf16_cpu_passes(tiny_model):
     """eager_attention_pays: bf16 on CPU with the attention weights inside the budget; never in
     fp32, on CUDA, past the budget, or when the model does not run SDPA (a user's own choice)."""
-    from pofe.training.precision import EAGER_ATTENTION_BUDGET, eager_attention_pays
+    from pofe.runtime.precision import EAGER_ATTENTION_BUDGET, eager_attention_pays
 
     assert tiny_model.config._attn_implementation == "sdpa"
     assert eager_attention_pays(tiny_model, "bf16", "cpu", 8, 100)
@@ -152,8 +152,8 @@ def test_bf16_dap_pass_on_cpu_runs_eager_attention_and_gives_sdpa_back(tiny_mode
     once-per-model check) runs eager attention; the models run SDPA again afterwards; the loss and
     gradient equal those of the SDPA packed pass (budget 0) within bf16 tolerance."""
     from pofe.losses import get_loss
-    from pofe.training import Reference
-    from pofe.training import precision
+    from pofe.runtime import Reference
+    from pofe.runtime import precision
     from pofe.training.dap import TokenPair, dap_backward
 
     enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731
@@ -189,9 +189,9 @@ def test_reference_linear_weights_in_bf16_are_bit_identical_under_autocast(tiny_
     """Reference.linear_weights_to(bf16): the reference pass under bf16 autocast gives exactly the
     same log-probs as with fp32 weights (autocast rounds them the same way at every call);
     embeddings, norms and a LM head tied to the embedding stay fp32."""
-    from pofe.training import Reference
+    from pofe.runtime import Reference
     from pofe.training.dap import TokenPair, pair_logps
-    from pofe.training.precision import autocast
+    from pofe.runtime.precision import autocast
 
     enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731
     pairs = [TokenPair(enc("Tell me a fact."), enc(" Water boils at 100 C."), enc(" No idea.")),

@@ -10,8 +10,8 @@ import torch
 
 from pofe.config import ConfigError, load_config
 from pofe.loops.online import OnlineConfig
-from pofe.training.checkpoints import seed_everything
-from pofe.training.parallel import sampling_seed, step_seed
+from pofe.runtime.checkpoints import seed_everything
+from pofe.runtime.parallel import sampling_seed, step_seed
 from pofe.training.prefetch import Prefetch
 
 VLLM = ["mode=async", "sampling.engine=vllm"]

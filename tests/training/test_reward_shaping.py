@@ -15,7 +15,7 @@ from pofe.records import Completion
 from pofe.training.rewards import RewardShapingConfig, audit_length_bias
 from pofe.training.rl import group_shaping, list_items, masked_group_advantages
 from pofe.training.rl_step import shape_rewards, shaping_metrics
-from pofe.training.parallel import DataParallel
+from pofe.runtime.parallel import DataParallel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

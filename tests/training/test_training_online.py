@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pofe.logprobs import completion_logprobs
-from pofe.training import (LoraSettings, ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint,
-                           load_policy, make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final)
+from pofe.runtime import (LoraSettings, ModelConfig, OptimConfig, Reference, latest_checkpoint, load_checkpoint,
+                          load_policy, make_optimizer, make_scheduler, prune_checkpoints, save_checkpoint, save_final)
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).

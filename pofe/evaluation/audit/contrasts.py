@@ -3,7 +3,7 @@
 :func:`_judge_all` is the batched judge loop (progress logged for slow judges) that the
 calibration passes and the probes share; under ``torchrun`` each process judges its block of the
 pairs and every process gets all verdicts in input order
-(:meth:`~pofe.training.parallel.DataParallel.map`). The probes are pairs built from the calibration
+(:meth:`~pofe.runtime.parallel.DataParallel.map`). The probes are pairs built from the calibration
 items -- the same content with and without filler padding, with and without bullets, with
 and without a confident preamble -- where an unbiased judge sits near p = 0.5 (the seed's
 "controlled contrast pairs"); next to them, the "one token" attacks (a lone ``:`` or
@@ -23,7 +23,7 @@ import numpy as np
 from pofe.data.calibration import CalibrationItem
 from pofe.evaluation.audit.metrics import _mean, _rate_ci, _verdict
 from pofe.records import Judgment
-from pofe.training.parallel import DataParallel
+from pofe.runtime.parallel import DataParallel
 
 log = logging.getLogger(__name__)
 

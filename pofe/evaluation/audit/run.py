@@ -25,7 +25,7 @@ from pofe.judges.jury import JuryJudge
 from pofe.judges.registry import judge_config_of
 from pofe.judges.summary import summarize_judgments
 from pofe.judges.usage import budget_of, usage_sum
-from pofe.training.parallel import DataParallel, launched
+from pofe.runtime.parallel import DataParallel, launched
 
 
 def run_audit(judge, items: Sequence[CalibrationItem], cfg: AuditConfig | None = None, *,

@@ -75,9 +75,9 @@ def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool
                      collective_timeout_s: int | None = None):
     """An ``accelerate.Accelerator`` on ``model.device`` (CPU when asked or when no GPU is there),
     always a plain data-parallel one. A sharded launch (FSDP, DeepSpeed ZeRO) is refused
-    (:func:`pofe.training.guards.refuse_sharding`, on every device: on CPU accelerate drops it
+    (:func:`pofe.runtime.guards.refuse_sharding`, on every device: on CPU accelerate drops it
     without a word) unless ``sharded``: the training commands that shard the model themselves
-    (:mod:`pofe.training.sharding`, which has already refused what cannot run) -- accelerate then
+    (:mod:`pofe.runtime.sharding`, which has already refused what cannot run) -- accelerate then
     does not see the FSDP / DeepSpeed request, so that it neither drops it on CPU nor wraps the
     model its way. ``collective_timeout_s`` (``run.collective_timeout_s``; default 600): how long a
     collective waits for the other processes before it raises (torch's own default is 30 minutes
@@ -89,7 +89,7 @@ def make_accelerator(device: str, *, command: str = "pofe online", sharded: bool
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-    from pofe.training.guards import refuse_sharding, require_launcher
+    from pofe.runtime.guards import refuse_sharding, require_launcher
 
     require_launcher(command)
     if not sharded:
@@ -228,25 +228,25 @@ class DataParallel:
 
     @property
     def sharded(self) -> bool:
-        """Whether the trained model is sharded over the processes (FSDP2, :mod:`pofe.training.sharding`):
+        """Whether the trained model is sharded over the processes (FSDP2, :mod:`pofe.runtime.sharding`):
         its gradients are reduce-scattered in ``backward``, and every process must run the same
         number of forward/backward passes."""
-        from pofe.training.sharding import active
+        from pofe.runtime.sharding import active
 
         return self.acc is not None and (active(self.world) or self.zero)
 
     @property
     def zero(self) -> bool:
-        """Whether the model trains under DeepSpeed ZeRO (:mod:`pofe.training.zero`; also
+        """Whether the model trains under DeepSpeed ZeRO (:mod:`pofe.runtime.zero`; also
         :attr:`sharded`): the engine reduces the gradients in ``backward`` and clips them in its step."""
-        from pofe.training import zero
+        from pofe.runtime import zero
 
         return self.acc is not None and zero.active(self.world)
 
     @property
     def sharding(self) -> str | None:
         """The sharding this run trains with (``"FSDP2"``, ``"DeepSpeed ZeRO-3"``, ...), or None."""
-        from pofe.training.guards import requested_sharding
+        from pofe.runtime.guards import requested_sharding
 
         return requested_sharding() if self.sharded else None
 
@@ -327,7 +327,7 @@ class DataParallel:
         the gradients are all-reduced once, after the passes."""
         if not self.sharded:
             return
-        from pofe.training.sharding import dummy_backward, lockstep_passes
+        from pofe.runtime.sharding import dummy_backward, lockstep_passes
 
         for _ in range(lockstep_passes(self.acc, mine) - mine):
             dummy_backward(model, pad_token_id, self.device)
@@ -338,7 +338,7 @@ class DataParallel:
         in its step (:func:`stepped_grad_norm` reads the norm after it)."""
         if self.zero:
             return None
-        from pofe.training.sharding import clip_grad_norm
+        from pofe.runtime.sharding import clip_grad_norm
 
         return clip_grad_norm(params, max_norm)
 
@@ -349,9 +349,9 @@ class DataParallel:
 
 def stepped_grad_norm(optimizer, norm: float | None) -> float | None:
     """The pre-clip gradient norm of the step just taken: DeepSpeed's own under ZeRO (it clips
-    inside ``optimizer.step()``, :class:`pofe.training.zero.ZeroOptimizer`), else ``norm`` (the
+    inside ``optimizer.step()``, :class:`pofe.runtime.zero.ZeroOptimizer`), else ``norm`` (the
     one :meth:`DataParallel.clip_grad_norm` returned before the step)."""
-    from pofe.training.zero import ZeroOptimizer
+    from pofe.runtime.zero import ZeroOptimizer
 
     return optimizer.grad_norm if isinstance(optimizer, ZeroOptimizer) and norm is None else norm
 
@@ -361,7 +361,7 @@ def launched(device: str = "auto", *, command: str, collective_timeout_s: int | 
     audit``): an accelerator when launched with ``WORLD_SIZE > 1`` (torchrun, accelerate launch),
     else one process with nothing distributed set up. Call it before any model loads: the
     accelerator picks this process's GPU, which ``device: auto`` then resolves to."""
-    from pofe.training.guards import world_size
+    from pofe.runtime.guards import world_size
 
     if world_size() <= 1:
         return DataParallel()

@@ -40,8 +40,8 @@ def hf_model(model):
 
 def sharded(model) -> bool:
     """FSDP2-sharded or a DeepSpeed ZeRO engine: parameters are gathered around each module's own call."""
-    from pofe.training.sharding import is_sharded
-    from pofe.training.zero import is_engine
+    from pofe.runtime.sharding import is_sharded
+    from pofe.runtime.zero import is_engine
 
     return is_sharded(model) or is_engine(model)
 

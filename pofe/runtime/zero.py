@@ -4,7 +4,7 @@ and parameters (3) split across the processes.
 Asked the way accelerate asks for it: ``accelerate launch --config_file
 examples/accelerate/zero3.yaml`` (or ``zero2.yaml``) exports ``ACCELERATE_USE_DEEPSPEED=true`` and
 ``ACCELERATE_DEEPSPEED_ZERO_STAGE``; a ``torchrun`` launch sets the same two variables
-(:func:`pofe.training.guards.requested_sharding`). As with FSDP2 (:mod:`pofe.training.sharding`,
+(:func:`pofe.runtime.guards.requested_sharding`). As with FSDP2 (:mod:`pofe.runtime.sharding`,
 whose refusals apply unchanged), pofe builds the engine itself, on CPU (gloo,
 ``DS_ACCELERATOR=cpu``) and GPU alike, from its own model and its own torch optimiser, on the
 process group accelerate made: accelerate drops DeepSpeed on CPU without a word, and its own
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from pofe.training.guards import ShardingRefused, requested_sharding
+from pofe.runtime.guards import ShardingRefused, requested_sharding
 
 
 def stage(environ=None) -> int | None:
@@ -121,7 +121,7 @@ class ZeroOptimizer:
         self.grad_norm = None if norm is None else float(norm)
 
     def state_dict(self):
-        raise RuntimeError("a ZeRO optimiser's state is partitioned: use pofe.training.zero.full_optimizer_state")
+        raise RuntimeError("a ZeRO optimiser's state is partitioned: use pofe.runtime.zero.full_optimizer_state")
 
 
 def is_engine(model) -> bool:

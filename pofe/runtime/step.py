@@ -8,7 +8,7 @@ follows is the same for all of them and lives here, in this order:
    wrapper of ``pofe online``, whose backward already averaged them);
 2. the finite-loss check on the loss of the whole step (every process's), before clipping and
    before the optimiser touches a weight: a NaN loss stops the run naming the step, and the
-   last checkpoint on disk stays finite (:func:`pofe.training.guards.check_finite`);
+   last checkpoint on disk stays finite (:func:`pofe.runtime.guards.check_finite`);
 3. clipping (DeepSpeed ZeRO clips inside its own step, so the norm is read after it);
 4. ``optimizer.step()``, the learning-rate schedule, and ``zero_grad`` for the next step.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pofe.training.guards import check_finite
-from pofe.training.parallel import DataParallel, stepped_grad_norm
+from pofe.runtime.guards import check_finite
+from pofe.runtime.parallel import DataParallel, stepped_grad_norm
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
-from pofe.training.precision import checkpointing, hf_model, sharded
+from pofe.runtime.precision import checkpointing, hf_model, sharded
 
 # Classes whose forward is, verbatim, Llama's (transformers 5.x): ``weight * norm(x.float()).to(x.dtype)``
 # and ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``.

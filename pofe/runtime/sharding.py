@@ -4,14 +4,14 @@ trains.
 
 Asked for the way accelerate asks for it: ``accelerate launch --config_file
 examples/accelerate/fsdp2.yaml`` exports ``ACCELERATE_USE_FSDP=true`` and ``FSDP_VERSION=2``; a
-``torchrun`` launch sets the same two variables (:func:`pofe.training.guards.requested_sharding`
+``torchrun`` launch sets the same two variables (:func:`pofe.runtime.guards.requested_sharding`
 reads them). pofe shards the model itself, on CPU (gloo) and GPU alike, and builds a plain
 data-parallel accelerator: accelerate drops FSDP on CPU without a word, and its own FSDP wrapping
 would divide the gradients by the process count while pofe's losses are already normalised over
 the global batch.
 
 What changes under sharding (everything else is the data-parallel path of
-:class:`pofe.training.parallel.DataParallel`):
+:class:`pofe.runtime.parallel.DataParallel`):
 
 * each decoder layer and then the root model is a ``fully_shard`` unit (:func:`shard_model`);
   gradients are *summed* in the reduce-scatter (divide factor 1), as pofe's own all-reduce sums
@@ -29,7 +29,7 @@ LoRA trains sharded too (the adapter is split with its layers; checkpoints hold 
 ``final/`` the adapter and the merged model); a LoRA policy that samples pushes base + merged
 adapter, gathered whole (``sampling.vllm.lora_sync=merged``).
 
-DeepSpeed ZeRO (stages 1-3) is the other sharded path (:mod:`pofe.training.zero`); the refusals
+DeepSpeed ZeRO (stages 1-3) is the other sharded path (:mod:`pofe.runtime.zero`); the refusals
 below apply to it too. Refused with one line (exit 2) before any model loads
 (:func:`refuse_unsupported`): FSDP1, commands that do not train, sampling from the sharded policy with transformers
 ``generate`` (``sampling.engine=hf``), which would need every process to call ``generate`` in
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from pofe.training.guards import ShardingRefused, requested_sharding
+from pofe.runtime.guards import ShardingRefused, requested_sharding
 
 TRAINED_SHARDED = ("sft", "rm", "online", "rl")
 """Commands that train sharded parameters (the others refuse a sharded launch)."""
@@ -81,7 +81,7 @@ def refuse_unsupported(command: str, cfg: Any, environ=None) -> None:
         raise ShardingRefused(f"{name} does not train sharded parameters ({kind} asked by the launcher): launch it "
                               "data-parallel (examples/accelerate/ddp-cpu.yaml, ddp-gpus.yaml)")
     if kind != "FSDP2":
-        from pofe.training import zero
+        from pofe.runtime import zero
 
         zero.refuse_unsupported(name, kind, cfg, environ)
     model = getattr(cfg, "model", None)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pofe.training.guards import check_finite_weights
+from pofe.runtime.guards import check_finite_weights
 from pofe.errors import PofeError
 
 FORMAT = 3
@@ -214,7 +214,7 @@ def save_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
     """Write a checkpoint atomically: a temporary directory renamed into place, so a crash
     mid-write never leaves a checkpoint that resume would trust. ``model_state`` /
     ``optimizer_state``: the trainable weights and the optimiser state already gathered whole
-    (a sharded model, :mod:`pofe.training.sharding`), written instead of reading them here.
+    (a sharded model, :mod:`pofe.runtime.sharding`), written instead of reading them here.
     ``processes``: how many processes ran the step; ``outputs``: the run's append-only outputs as
     :func:`output_record` found them, both recorded in ``manifest.json`` (written last)."""
     from safetensors.torch import save_file
@@ -527,7 +527,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
             tensors = loaded
         else:
             sd = loaded
-    from pofe.training import zero
+    from pofe.runtime import zero
 
     engine = model if zero.is_engine(model) else None  # DeepSpeed ZeRO: names are its module's
     if model is not None:
@@ -545,7 +545,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, model, optimizer=None, scheduler=No
             if v.is_floating_point() and not bool(torch.isfinite(v).all()):
                 raise CheckpointError(f"{ckpt_dir / 'model.safetensors'}: parameter {k} holds NaN or inf; the "
                                       f"checkpoint is damaged")
-    from pofe.training.sharding import is_sharded, load_full_state
+    from pofe.runtime.sharding import is_sharded, load_full_state
 
     def joined(section: str):
         try:
