@@ -478,7 +478,8 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     if stopped is not None:
         summary["stopped"] = {"step": step, "error": str(stopped), "exit_code": stopped.exit_code}
     if report is not None:
-        summary["audit"] = {"report": str(require_audit), "passed": bool(report.get("passed")),
+        # "audit_gate", not "audit": a command's own summary may carry an "audit" (rl: its judge's length bias)
+        summary["audit_gate"] = {"report": str(require_audit), "passed": bool(report.get("passed")),
                             "judge": report.get("judge"),
                             "calibration_sha256": (report.get("calibration") or {}).get("sha256")}
     if run.main:
@@ -512,13 +513,13 @@ def _push_target(recipe: Recipe) -> str | None:
 
 def write_card(run_dir: Path, final: Path, command: str, cfg: PofeConfig, summary: dict[str, Any]) -> Path:
     """``final/README.md``: the model card of this run (:func:`pofe.hub.model_card`) from its config,
-    ``run.json`` and summary (the audit verdict is the summary's ``audit``)."""
+    ``run.json`` and summary (the audit verdict is the summary's ``audit_gate``)."""
     from pofe.hub import CARD, model_card
 
     manifest_path = run_dir / "run.json"
     manifest = json.loads(read_run_bytes(manifest_path)) if manifest_path.exists() else {}
     text = model_card(command=command, config=cfg.model_dump(mode="json"), manifest=manifest, summary=summary,
-                      audit=summary.get("audit"))
+                      audit=summary.get("audit_gate"))
     path = final / CARD
     atomic_write_text(path, text)
     return path
