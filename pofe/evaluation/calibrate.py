@@ -32,6 +32,24 @@ from pofe.evaluation.stats import wilson_interval
 
 _EPS = 1e-6
 
+T_MAX = 100.0
+"""The upper bound of the temperature search (the lower one is 1 / T_MAX)."""
+NO_INFO_T = 99.0
+"""A fitted T at or above this (within 1% of :data:`T_MAX`) has hit the bound: the likelihood
+kept rising as T grew, i.e. the best temperature map sends every p to 1/2. The judge's p then
+carries no information about the human label (its agreement is at or below chance), and a
+"calibrated" T = 100 would turn every training label into a coin flip."""
+
+
+def no_information(t: float | None) -> bool:
+    """Whether a fitted temperature sits at the search's upper bound (see :data:`NO_INFO_T`)."""
+    return t is not None and float(t) >= NO_INFO_T
+
+
+def no_information_reason(t: float) -> str:
+    return (f"the fitted temperature T = {float(t):.2f} is at its bound ({T_MAX:.0f}): the judge's p carries no "
+            "information about the human labels (every calibrated p would be about 0.5)")
+
 
 def _arrays(p, y) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(p, dtype=float)
@@ -78,7 +96,8 @@ def reliability(p: Sequence[float], y: Sequence[float], bins: int = 10) -> list[
 
 def fit_temperature(p: Sequence[float], y: Sequence[float]) -> float:
     """T minimising the NLL of ``sigmoid(logit(p) / T)`` against y (searched on log T in
-    [1/100, 100]). p is clipped to [1e-6, 1 - 1e-6], so a hard 0/1 judge gets a finite logit."""
+    [1/100, 100]; a result at 100 means "no information", :func:`no_information`). p is clipped
+    to [1e-6, 1 - 1e-6], so a hard 0/1 judge gets a finite logit."""
     p, y = _arrays(p, y)
     if p.size == 0:
         return 1.0
@@ -88,7 +107,7 @@ def fit_temperature(p: Sequence[float], y: Sequence[float]) -> float:
         q = np.clip(expit(z / np.exp(log_t)), 1e-12, 1 - 1e-12)
         return -float(np.sum(y * np.log(q) + (1 - y) * np.log(1 - q)))
 
-    res = minimize_scalar(nll, bounds=(np.log(0.01), np.log(100.0)), method="bounded", options={"xatol": 1e-6})
+    res = minimize_scalar(nll, bounds=(-np.log(T_MAX), np.log(T_MAX)), method="bounded", options={"xatol": 1e-6})
     return float(np.exp(res.x))
 
 
@@ -139,6 +158,14 @@ def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
     cal = (report.get("metrics") or {}).get("calibration") or {}
     if "map" not in cal:
         raise ValueError(f"calibration: {path} has no metrics.calibration.map (re-run `pofe audit` to fit one)")
+    cmap = cal["map"] if isinstance(cal["map"], dict) else {}
+    # Refused, not applied: a map fitted at the bound would flatten every training label to ~0.5.
+    # A report written before the "no_information" marker is caught by its temperature.
+    t = cmap.get("temperature") if cmap.get("method") == "temperature" else cmap.get("fitted_temperature")
+    if cmap.get("no_information") or (isinstance(t, (int, float)) and no_information(t)):
+        why = no_information_reason(t) if isinstance(t, (int, float)) else "its map is marked no_information"
+        raise DataError(f"calibration: {path}: {why}; not applied to training labels (use another judge, or "
+                        "leave labels.calibration unset)")
     # Provenance rides along (apply_calibration ignores it); the ledger records it with p_raw.
     return {**cal["map"], "source": str(path), "judge": report.get("judge"),
             "calibration_sha256": (report.get("calibration") or {}).get("sha256"),
@@ -161,6 +188,11 @@ def calibration_report(p: Sequence[float], y: Sequence[float], *, method: str = 
     maps = {"temperature": {"method": "temperature", "temperature": t}, "isotonic": {"method": "isotonic", **iso}}
     out["map"] = maps[method]
     out["temperature"] = t
+    if no_information(t):
+        # No map to apply: the saved one says so (labels.calibration refuses it, see load_calibration_map).
+        out["no_information"] = True
+        out["map"] = {"method": "none", "no_information": True, "fitted_temperature": t,
+                      "reason": no_information_reason(t)}
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     halves = (perm[: n // 2], perm[n // 2:])
@@ -174,5 +206,7 @@ def calibration_report(p: Sequence[float], y: Sequence[float], *, method: str = 
         held["isotonic"] += [apply_calibration(float(v), {"method": "isotonic", **ii}) for v in p[test_idx]]
         ys += list(y[test_idx])
     out["held_out"] = {k: {"ece": ece(v, ys, bins), "brier": brier(v, ys)} for k, v in held.items()}
+    if out.get("no_information"):
+        return out  # nothing "calibrated" to plot: the page says why instead
     out["calibrated_reliability"] = reliability([apply_calibration(float(v), out["map"]) for v in p], y, bins)
     return out

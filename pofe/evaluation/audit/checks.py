@@ -7,6 +7,7 @@ from typing import Any
 
 from pofe.evaluation.audit.config import AuditThresholds
 from pofe.evaluation.audit.contrasts import ATTACK_KINDS
+from pofe.evaluation.calibrate import T_MAX
 
 
 def evaluate_checks(metrics: dict[str, Any], th: AuditThresholds) -> dict[str, dict[str, Any]]:
@@ -111,6 +112,9 @@ def format_audit(report: dict[str, Any]) -> str:
         t = cal.get("temperature")
         lines.append(f"  {'ECE / Brier':<34}{f(cal['ece']):>10}   / {f(cal['brier'])}"
                      + (f"   fitted T = {t:.3f}" if t is not None else ""))
+        if cal.get("no_information"):
+            lines.append(f"  {'calibration':<34}{'no information':>10}   (T at its bound {T_MAX:.0f}: every calibrated "
+                         "p would be ~0.5; no map saved, labels.calibration refuses this report)")
         if held:
             lines.append(f"  {'held-out ECE raw -> temperature':<34}{f(held['raw']['ece']):>10}   -> {f(held['temperature']['ece'])}"
                          f"   (isotonic {f(held['isotonic']['ece'])}; 2-fold cross-fit)")

@@ -11,6 +11,7 @@ import json
 import logging
 from typing import Any
 
+from pofe.evaluation.calibrate import T_MAX
 from pofe.evaluation.report.figures import _figure, _png, _yerr
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def reliability_png(cal: dict[str, Any]) -> bytes | None:
     ys = [r["frac_human_a"] for r in rows]
     ax.errorbar(xs, ys, yerr=_yerr(ys, [r["frac_human_a_ci95"] for r in rows]), fmt="o-", capsize=3,
                 label=f"judge p (ECE {cal['ece']:.3f})")
-    after = [r for r in cal.get("calibrated_reliability") or [] if r["n"]]
+    # A fit at the temperature's bound has no calibrated series (calibrate.no_information): the
+    # page says "no information" in words instead of drawing a flat line as an improvement.
+    after = [] if cal.get("no_information") else [r for r in cal.get("calibrated_reliability") or [] if r["n"]]
     if after:
         m = cal.get("map") or {}
         what = f"T = {m['temperature']:.2f}" if m.get("method") == "temperature" else m.get("method", "")
@@ -51,8 +54,31 @@ def reliability_png(cal: dict[str, Any]) -> bytes | None:
     ax.set_xlabel("judge p = P(A better), binned")
     ax.set_ylabel("share of human labels 'A'")
     ax.set_title(f"Reliability diagram ({cal['n']} human-labelled pairs)")
-    ax.legend(fontsize=8, loc="upper left")
+    # Below the axes, never over them: "upper left" inside covered the low-p bins' points.
+    fig.set_size_inches(6.4, 4.6)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     return _png(fig)
+
+
+MIN_PAIRS = 30
+"""Below this many human-labelled pairs the page says its numbers are indicative: at n = 30 a
+Wilson 95% interval around 0.7 is already [0.52, 0.83]."""
+
+
+def _notes(m: Any, cal: Any) -> list[str]:
+    """Warnings above the metrics: too few pairs to measure, and a calibration with no information."""
+    out = []
+    n = _get(m, "n_labelled") if _is_num(_get(m, "n_labelled")) else _get(m, "n")
+    if _is_num(n) and n < MIN_PAIRS:
+        out.append(f"<p class='flag'>Only {int(n)} human-labelled pairs (fewer than {MIN_PAIRS}): the 95% intervals "
+                   "are wide and every number on this page is indicative, not a measurement.</p>")
+    if _get(cal, "no_information") is True:
+        t = _get(cal, "temperature")
+        tt = f"T = {t:.2f}" if _is_num(t) else "T"
+        out.append(f"<p class='flag'>Calibration: <b>no information</b>. The fitted temperature ({tt}) is at its bound "
+                   f"({T_MAX:.0f}): the judge's p carries no information about the human labels (every calibrated p "
+                   "would be about 0.5). No map is saved, and <code>labels.calibration</code> refuses this report.</p>")
+    return out
 
 
 def length_curve_png(curve: list[dict[str, Any]], unit: str) -> bytes | None:
@@ -144,7 +170,7 @@ def audit_html(report: dict[str, Any]) -> str:
              f"<p><b>{'PASSED' if report.get('passed') is True else 'FAILED'}</b> on {_text(_get(m, 'n'))} calibration pairs "
              f"({_text(_get(m, 'n_parsed'))} parsed, {_text(_get(m, 'n_labelled'))} with a human A/B label); calibration "
              f"set sha256 <code>{html.escape(str(_get(_get(report, 'calibration'), 'sha256') or '?')[:16])}</code>; "
-             f"lengths in {html.escape(unit)}.</p>"]
+             f"lengths in {html.escape(unit)}.</p>", *_notes(m, cal)]
     parts.append("<h2>Metrics (95% intervals: Wilson for rates, bootstrap for kappa)</h2><table>"
                  "<tr><th>metric</th><th>value [95% CI]</th></tr>")
     for label, key in _AUDIT_ROWS:
