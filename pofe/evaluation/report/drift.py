@@ -1,10 +1,10 @@
 """Plots every training command with an ``audit:`` section shares: the live judge re-audited
-during training (``drift/*`` rows of ``metrics.jsonl``, :mod:`pofe.training.drift`), and the
+during training (``drift/*`` rows of ``metrics.jsonl``, :mod:`pofe.evaluation.drift`), and the
 flag naming the step where a check first crossed its threshold (and where the run stopped)."""
 
 from __future__ import annotations
 
-from pofe.evaluation.report.figures import _figure, _png
+from pofe.evaluation.report.figures import _figure, _png, _step_axis
 from pofe.evaluation.report.run import RunData, _num
 
 _SHOWN = (("drift/agreement", "agreement"), ("drift/position_consistency", "position consistency"),
@@ -46,7 +46,7 @@ def _drift_png(run: RunData) -> bytes | None:
     if first is not None:
         ax.axvline(first[0], color="red", ls="--", lw=1, label=f"first crossing (step {first[0]:g})")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("step")
+    _step_axis(ax)
     ax.set_ylabel("value")
     ax.set_title("Judge re-audited during training")
     ax.legend(fontsize=7)

@@ -10,15 +10,26 @@ from typing import Any
 from pofe.evaluation.report.run import _num
 
 
-def _figure():
+def _figure(nrows: int = 1):
+    """A figure of the shared size (taller with ``nrows`` stacked axes sharing x); ``ax`` is one
+    Axes for one row, else the list of them."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    ax.grid(alpha=0.3)
-    return fig, ax
+    fig, ax = plt.subplots(nrows, 1, figsize=(6.4, 3.6 if nrows == 1 else 2.4 * nrows), dpi=100, sharex=True)
+    for a in [ax] if nrows == 1 else list(ax):
+        a.grid(alpha=0.3)
+    return fig, ax if nrows == 1 else list(ax)
+
+
+def _step_axis(ax, label: str = "step") -> None:
+    """Steps are whole numbers: ticks at integers only (matplotlib's default put ticks at 2.5 on a 6-step run)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _png(fig) -> bytes:
@@ -41,7 +52,8 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return xs, ys
 
 
-def _line(rows, keys: list[tuple[str, str]], title: str, ylabel: str, *, ylim=None, hline=None) -> bytes | None:
+def _line(rows, keys: list[tuple[str, str]], title: str, ylabel: str, *, ylim=None, hline=None,
+          hline_label: str | None = None) -> bytes | None:
     present = [(k, label, *_series(rows, k)) for k, label in keys]
     present = [p for p in present if p[2]]
     if not present:
@@ -55,13 +67,13 @@ def _line(rows, keys: list[tuple[str, str]], title: str, ylabel: str, *, ylim=No
             sm = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
             ax.plot(xs, sm, lw=2, label=f"{label} (rolling mean, {w})")
     if hline is not None:
-        ax.axhline(hline, color="grey", ls="--", lw=1)
+        ax.axhline(hline, color="grey", ls="--", lw=1, label=hline_label)
     if ylim:
         ax.set_ylim(*ylim)
-    ax.set_xlabel("step")
+    _step_axis(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if len(present) > 1 or len(present[0][2]) > 30:
+    if len(present) > 1 or len(present[0][2]) > 30 or hline_label:
         ax.legend(fontsize=8)
     return _png(fig)
 
@@ -97,6 +109,8 @@ def _rate_points(title: str, xs: list, counts: list[tuple[float, int]], xlabel: 
         ax.set_xlim(px[0] - 1, px[0] + 1)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel(xlabel)
+    if xlabel == "step" and not bar:
+        _step_axis(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     return _png(fig)
@@ -119,11 +133,17 @@ def _hist_png(values: list[float], title: str, xlabel: str, bins: int = 20, rng=
     return _png(fig)
 
 
-def _bars_png(names: list[str], values: list[float], title: str, ylabel: str) -> bytes | None:
+def _bars_png(names: list[str], values: list[float], title: str, ylabel: str,
+              cis: list[tuple[float, float] | None] | None = None) -> bytes | None:
+    """Bars, with 95% error bars where ``cis`` gives an interval (a None entry: no bar for that one)."""
     if not names:
         return None
     fig, ax = _figure()
-    ax.bar(range(len(names)), values, color=[f"C{i % 10}" for i in range(len(names))])
+    yerr = None
+    if cis is not None and any(c is not None for c in cis):
+        yerr = _yerr(values, [c if c is not None else (None, None) for c in cis])
+    ax.bar(range(len(names)), values, yerr=yerr, capsize=6 if yerr else 0,
+           color=[f"C{i % 10}" for i in range(len(names))])
     ax.set_xticks(range(len(names)), names, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)

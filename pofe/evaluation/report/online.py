@@ -15,7 +15,9 @@ own, such as ``sft`` and ``judge``).
 from __future__ import annotations
 
 from pofe.evaluation.report.drift import drift_plots
-from pofe.evaluation.report.figures import _figure, _line, _png, _rate_points
+import math
+
+from pofe.evaluation.report.figures import _figure, _line, _png, _rate_points, _step_axis
 from pofe.evaluation.report.run import RunData, _num
 
 
@@ -73,7 +75,7 @@ def _time_split(rows) -> bytes | None:
     for k, label in parts:
         ax.bar(steps, vals[k], bottom=bottom, width=width, label=label)
         bottom = [b + v for b, v in zip(bottom, vals[k])]
-    ax.set_xlabel("step")
+    _step_axis(ax)
     ax.set_ylabel("seconds")
     ax.set_title("Time per step")
     ax.legend(fontsize=8)
@@ -106,10 +108,50 @@ def _length_unit_of_judge(run: RunData) -> str:
     return "chars (text the judge read)"
 
 
+def _loss_name(run: RunData) -> str | None:
+    """The DAP loss of an ``online`` run (``loss.name``, default dpo); None for other commands."""
+    if run.kind != "online":
+        return None
+    loss = run.config.get("loss")
+    name = loss.get("name") if isinstance(loss, dict) else loss
+    return str(name) if name is not None else "dpo"
+
+
+def _length_png(rows, keys: list[tuple[str, str]]) -> bytes | None:
+    """One axis per unit, stacked on a shared step axis: characters and tokens differ ~4x, and on
+    one axis the tokens curve looked flat next to the characters one."""
+    series = []
+    for k, lab in keys:
+        pts = [(_num(r.get("step")) if _num(r.get("step")) is not None else float(i + 1), _num(r.get(k)))
+               for i, r in enumerate(rows)]
+        pts = [(x, y) for x, y in pts if y is not None]
+        if pts:
+            series.append((lab, pts))
+    if not series:
+        return None
+    fig, axes = _figure(len(series))
+    axes = axes if isinstance(axes, list) else [axes]
+    for i, (ax, (lab, pts)) in enumerate(zip(axes, series)):
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o" if len(pts) <= 30 else None, ms=3, lw=1.2,
+                color=f"C{i}")
+        ax.set_ylabel(f"mean length ({lab})")
+    axes[0].set_title("Mean response length over training")
+    _step_axis(axes[-1])
+    return _png(fig)
+
+
 def _online_plots(run: RunData, add) -> None:
     rows = run.metrics
-    add("loss", "Training loss", "DAP loss per step (DPO/IPO/SLiC on the judged pairs).",
-        _line(rows, [("loss", "loss")], "Training loss", "loss"))
+    if _loss_name(run) == "dpo":
+        # -log sigmoid(0) = ln 2: the DPO loss (Eq. 7 of the DPO paper) of a policy equal to its
+        # reference. Below the line the policy has moved toward the judge's choices.
+        add("loss", "Training loss", "DPO loss per step on the judged pairs; the dashed line is ln 2 = 0.693, the loss "
+            "of a policy equal to its reference (margin 0).",
+            _line(rows, [("loss", "loss")], "Training loss", "loss", hline=math.log(2),
+                  hline_label="ln 2 = 0.693 (policy = reference)"))
+    else:
+        add("loss", "Training loss", "DAP loss per step (DPO/IPO/SLiC on the judged pairs).",
+            _line(rows, [("loss", "loss")], "Training loss", "loss"))
     wr = _winrate_points(rows)
     if wr:
         add("winrate", "Win rate against the initial policy",
@@ -126,10 +168,9 @@ def _online_plots(run: RunData, add) -> None:
     if keys:
         unit = _length_unit_of_judge(run)
         add("length", "Mean response length",
-            f"Mean sampled response length per step ({', '.join(lab for _, lab in keys)}), as in OAIF Fig. 6a. "
-            f"The judge measured length in: {unit}.",
-            _line(rows, [(k, f"mean length ({lab})") for k, lab in keys], "Mean response length over training",
-                  " / ".join(lab for _, lab in keys)))
+            f"Mean sampled response length per step ({', '.join(lab for _, lab in keys)}, each on its own axis), as "
+            f"in OAIF Fig. 6a. The judge measured length in: {unit}.",
+            _length_png(rows, keys))
     ph = _p_histogram(run)
     if ph:
         add("p_hist", "Histogram of p", f"Distribution of the judge's debiased p ({ph[1]}).", ph[0])

@@ -55,11 +55,44 @@ def flags(run: RunData) -> list[str]:
 
     out += drift_flags(run)
     ps = run.ledger_p
-    if len(ps) >= 10:
+    if len(ps) >= 10 and hard_judge(run) is None:  # a hard judge's 0/1 is its design, not overconfidence
         extreme = sum(p <= 0.05 or p >= 0.95 for p in ps) / len(ps)
         if extreme >= 0.5:
             out.append(f"{extreme:.0%} of judge labels are at p <= 0.05 or >= 0.95 (overconfident labels; calibrate or clamp)")
     return out
+
+
+def hard_judge(run: RunData) -> str | None:
+    """The kind of the run's judge when it gives hard 0/1 labels by construction (a programmatic
+    value judge, ``length``, ``keyword``, ..., at its default ``temperature: 0``), else None."""
+    from pofe.judges.config import _ValueSettings
+
+    judge = run.config.get("judge") if isinstance(run.config.get("judge"), dict) else {}
+    # every programmatic value judge (its config class derives from _ValueSettings), read from the
+    # classes so a new one is covered
+    kinds = {c.model_fields["kind"].default for c in _ValueSettings.__subclasses__()}
+    temp = _num(judge.get("temperature", 0.0))
+    return str(judge["kind"]) if judge.get("kind") in kinds and temp == 0.0 else None
+
+
+def hard_label_note(run: RunData) -> str | None:
+    """Why a pile of labels at 0 and 1 is not flagged: the judge is hard by construction."""
+    kind = hard_judge(run)
+    if kind is None or not run.ledger_p:
+        return None
+    extreme = sum(p <= 0.05 or p >= 0.95 for p in run.ledger_p) / len(run.ledger_p)
+    return (f"{extreme:.0%} of judge labels are at p <= 0.05 or >= 0.95: hard labels by construction (the {kind} "
+            "judge with temperature 0 gives p = 0, 1/2 or 1), not an overconfident judge; no flag raised.")
+
+
+def _cell(text: str, limit: int = 600) -> str:
+    """A generation as a table cell, escaped; an empty or whitespace-only one says so (an empty
+    cell read as a rendering gap, not as what the model wrote)."""
+    if text == "":
+        return "<i>(empty)</i>"
+    if not text.strip():
+        return f"<i>(whitespace only: {len(text)} chars)</i>"
+    return html.escape(text[:limit])
 
 
 def samples(run: RunData, k: int = 3) -> list[dict[str, str]]:
@@ -129,6 +162,9 @@ def render_html(run: RunData, plots: list[Plot], fl: list[str] | None = None) ->
     fl = _tolerant("flags", flags, run, []) if fl is None else fl
     if fl:
         parts.append("<h2>Flags</h2>" + "".join(f"<div class='flag'>{html.escape(f)}</div>" for f in fl))
+    note = _tolerant("hard-label note", hard_label_note, run, None)
+    if note:
+        parts.append(f"<p><i>{html.escape(note)}</i></p>")
     if not plots:
         parts.append("<p><b>Nothing to plot:</b> no metrics.jsonl rows, ledger p values or iter_*/metrics.json found.</p>")
     for p in plots:
@@ -142,7 +178,7 @@ def render_html(run: RunData, plots: list[Plot], fl: list[str] | None = None) ->
                  "self-reward": ("lowest-scored", "highest-scored")}.get(run.kind, ("before", "after"))
         parts.append(f"<h2>Sample generations</h2><table><tr><th>prompt</th><th>{heads[0]}</th><th>{heads[1]}</th></tr>")
         for s_ in smp:
-            parts.append("<tr>" + "".join(f"<td>{html.escape(s_[k][:600])}</td>" for k in ("prompt", "before", "after"))
+            parts.append("<tr>" + "".join(f"<td>{_cell(s_[k])}</td>" for k in ("prompt", "before", "after"))
                          + f"</tr><tr><td colspan='3'><i>{html.escape(s_['note'])}</i></td></tr>")
         parts.append("</table>")
     elif run.kind in ("rl", "rm"):

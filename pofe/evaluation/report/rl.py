@@ -24,12 +24,32 @@ def _rl_plots(run: RunData, add) -> None:
     sm = run.summary or {}
     b, a = sm.get("eval_before") or {}, sm.get("eval_after") or {}
     if _num(b.get("reward")) is not None and _num(a.get("reward")) is not None:
+        cis = [_reward_ci(b), _reward_ci(a)]
+        why = ("95% intervals: percentile bootstrap of the per-sample rewards (pofe.evaluation.stats.bootstrap_ci)"
+               if all(cis) else "no interval: the run's summary records the means only, not per-sample rewards")
         add("eval", "Held-out reward before and after",
-            f"Mean reward on held-out prompts (n = {b.get('n')} before, {a.get('n')} after samples).",
+            f"Mean reward on held-out prompts (n = {b.get('n')} before, {a.get('n')} after samples); {why}.",
             _bars_png([f"before (n={b.get('n')})", f"after (n={a.get('n')})"], [b["reward"], a["reward"]],
-                      "Held-out reward", "reward"))
+                      "Held-out reward (95% intervals)" if all(cis) else "Held-out reward (means only)", "reward",
+                      cis=cis))
     _shaping_plot(run, add)
     drift_plots(run, add)
+
+
+def _reward_ci(ev: dict) -> tuple[float, float] | None:
+    """The 95% interval of an eval's mean reward: ``reward_ci95`` as recorded, else the project's
+    bootstrap over the per-sample ``rewards``; None when neither is there."""
+    ci = ev.get("reward_ci95")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+        return (_num(ci[0]), _num(ci[1]))
+    vals = [_num(v) for v in ev.get("rewards") or [] if _num(v) is not None] if isinstance(ev.get("rewards"), list) else []
+    if not vals:
+        return None
+    import numpy as np
+
+    from pofe.evaluation.stats import bootstrap_ci
+
+    return bootstrap_ci(np.asarray(vals, dtype=float))
 
 
 def audit_bias_text(audit: dict | None) -> str:
