@@ -164,8 +164,7 @@ def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
     t = cmap.get("temperature") if cmap.get("method") == "temperature" else cmap.get("fitted_temperature")
     if cmap.get("no_information") or (isinstance(t, (int, float)) and no_information(t)):
         why = no_information_reason(t) if isinstance(t, (int, float)) else "its map is marked no_information"
-        raise DataError(f"calibration: {path}: {why}; not applied to training labels (use another judge, or "
-                        "leave labels.calibration unset)")
+        raise DataError(f"calibration: {path}: {why}; refused: applied to labels it would make every one a coin flip")
     # Provenance rides along (apply_calibration ignores it); the ledger records it with p_raw.
     return {**cal["map"], "source": str(path), "judge": report.get("judge"),
             "calibration_sha256": (report.get("calibration") or {}).get("sha256"),

@@ -15,10 +15,14 @@ from pofe.config import ConfigError, PofeConfig, load_config
 from pofe.evaluation.audit import AuditConfig, audit_from_config, format_audit
 from pofe.evaluation.calibrate import calibration_report, fit_temperature, load_calibration_map
 from pofe.evaluation.report.audit_page import audit_html
+from pofe.judges.config import JuryJudgeConfig
 from pofe.labels import LabelPolicy, calibration_map
 
 NO_INFO = ("the fitted temperature T = 100.00 is at its bound (100): the judge's p carries no information about "
            "the human labels (every calibrated p would be about 0.5)")
+
+
+REFUSED = "refused: applied to labels it would make every one a coin flip"
 
 
 class _LabelsOnly(PofeConfig):
@@ -56,12 +60,22 @@ def test_labels_calibration_refuses_a_no_information_map(tmp_path, cmap):
     with pytest.raises(ConfigError) as e:
         load_config(_LabelsOnly, extra={"labels.calibration": str(path)})
     assert str(e.value) == (f"option labels.calibration: bad value for 'labels.calibration': calibration: {path}: "
-                            f"{NO_INFO}; not applied to training labels (use another judge, or leave "
-                            f"labels.calibration unset) (got '{path}')")
+                            f"{NO_INFO}; {REFUSED} (got '{path}')")
     assert e.value.exit_code == 2
     # T = 99 is still within 1% of the bound; T = 50 is a (very soft) map and is loaded
     path.write_text(json.dumps({"metrics": {"calibration": {"map": {"method": "temperature", "temperature": 50.0}}}}))
     assert load_calibration_map(path)["temperature"] == 50.0
+
+
+def test_a_jury_member_map_with_no_information_is_refused(tmp_path):
+    calibration_map.cache_clear()
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps({"judge": "length", "metrics": {"calibration": {"map": {
+        "method": "temperature", "temperature": 100.0}}}}))
+    with pytest.raises(ConfigError) as e:
+        JuryJudgeConfig(members=[{"kind": "length"}, {"kind": "length", "prefer": "longer"}], calibration=[str(path), None])
+    assert str(e.value) == f"bad value for 'judge.calibration.0': calibration: {path}: {NO_INFO}; {REFUSED}"
+    assert e.value.exit_code == 2
 
 
 def _length_audit(tmp_path, n_each: int):

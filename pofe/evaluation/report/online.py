@@ -14,9 +14,9 @@ own, such as ``sft`` and ``judge``).
 
 from __future__ import annotations
 
-from pofe.evaluation.report.drift import drift_plots
 import math
 
+from pofe.evaluation.report.drift import drift_plots
 from pofe.evaluation.report.figures import _figure, _line, _png, _rate_points, _step_axis
 from pofe.evaluation.report.run import RunData, _num
 
