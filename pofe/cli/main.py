@@ -222,8 +222,8 @@ class LazyGroup(TyperGroup):
 def _first_to_report(line: str) -> bool:
     """Whether this process prints ``line``: always, except under a launcher (torchrun, accelerate
     launch: ``TORCHELASTIC_RUN_ID`` set, ``WORLD_SIZE`` > 1), where the processes that fail with
-    the same line print it once per machine (the first to claim it in a folder keyed by the run's
-    id; a line of one process alone is always printed). The launcher is also handed the line as
+    the same line print it once per machine (the first to claim it in a folder of this launch;
+    a line of one process alone is always printed). The launcher is also handed the line as
     the failure's cause (``TORCHELASTIC_ERROR_FILE``), so its closing ChildFailedError summary
     shows pofe's line in place of "To enable traceback see ...": its own traceback follows, and
     the ``error:`` line above it is the cause."""
@@ -242,8 +242,12 @@ def _first_to_report(line: str) -> bool:
                 "py_callstack": line, "timestamp": str(int(time.time()))}}}))
         except OSError:
             pass
-    safe = hashlib.sha256(run_id.encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / f"pofe-errors-{os.getuid() if hasattr(os, 'getuid') else 0}-{safe}"
+    if report:  # torchrun's folder of this launch attempt (<log dir>/attempt_N/<rank>/error.json): shared by
+        folder = Path(report).parent.parent / "pofe-errors"  # its local processes, new for each launch
+    else:  # the run id alone can repeat across launches ("none"): the launcher's PID and port with it
+        key = f"{run_id}:{os.getppid()}:{os.environ.get('MASTER_PORT', '')}"
+        safe = hashlib.sha256(key.encode()).hexdigest()[:16]
+        folder = Path(tempfile.gettempdir()) / f"pofe-errors-{os.getuid() if hasattr(os, 'getuid') else 0}-{safe}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(folder / hashlib.sha256(line.encode()).hexdigest(), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
