@@ -12,7 +12,7 @@ architecture on the CPU, so the check's code runs in CI long before a GPU is len
 
 Items (``--only`` takes their first words):
 
-* ``packed``: the packed DAP pass (each prompt once, pofe.training.dap) equals the joint batch in
+* ``packed``: the packed DAP pass (each prompt once, pofe.loops.online.dap) equals the joint batch in
   log-probs and in every gradient, fp32 and bf16 autocast, SDPA and eager attention (and flash
   attention where the image has it, which pofe never packs: it must fall back to the joint batch).
 * ``losses``: DPO / IPO / SLiC / the reward model's soft Bradley-Terry on the device against
@@ -154,7 +154,7 @@ class Check:
         return self.saved[name]
 
     def pairs(self, n: int, prompt: tuple[int, int], response: tuple[int, int], seed: int = 0):
-        from pofe.training.dap import TokenPair
+        from pofe.loops.online.dap import TokenPair
 
         rng = random.Random(seed)
         ids = lambda k: tuple(rng.randrange(100, len(self.tok) - 100) for _ in range(k))  # noqa: E731
@@ -164,7 +164,7 @@ class Check:
 
     # ------------------------------------------------------------------ items
     def packed(self) -> None:
-        """Packed pass == joint batch (pofe.training.dap; tests/loops/test_online_invariants.py on CPU)."""
+        """Packed pass == joint batch (pofe.loops.online.dap; tests/loops/test_online_invariants.py on CPU)."""
         pairs = self.pairs(4, (6, 12), (3, 8)) if self.cpu else self.pairs(4, (30, 46), (20, 48))
         pad = self.tok.pad_token_id
         for name, shape in self.shapes.items():
@@ -185,7 +185,7 @@ class Check:
                              "(pofe packs only under SDPA and eager attention)")
 
     def _packed_one(self, model, pairs, pad, precision, attention, item) -> None:
-        from pofe.training import dap
+        from pofe.loops.online import dap
         from pofe.runtime.precision import autocast
 
         torch = self.torch
@@ -222,7 +222,7 @@ class Check:
         model.zero_grad(set_to_none=True)
 
     def _flash_one(self, model, pairs, pad, item) -> None:
-        from pofe.training import dap
+        from pofe.loops.online import dap
         from pofe.runtime.precision import autocast
 
         model.set_attn_implementation("flash_attention_2")
@@ -267,7 +267,7 @@ class Check:
         policy's and the reference's summed log-probs (each from its own joint-batch pass)."""
         from pofe.losses import dpo
         from pofe.runtime import Reference
-        from pofe.training.dap import completion_logps, dap_backward, pairs_batch
+        from pofe.loops.online.dap import completion_logps, dap_backward, pairs_batch
 
         torch = self.torch
         shape = RESUME_SHAPE["cpu" if self.cpu else "gpu"]
@@ -446,7 +446,7 @@ class Check:
             self.torch.cuda.synchronize()
 
     def _throughput_one(self, name: str, shape, peak: float) -> None:
-        from pofe.training.dap import pair_logps
+        from pofe.loops.online.dap import pair_logps
         from pofe.runtime.precision import autocast
 
         model = self.build(shape)

@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
     from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
     from pofe.judges.registry import build_judge
     from pofe.loops.online import OnlineConfig, label_annotations, run, sample_and_annotate
-    from pofe.training.pair_sources import load_data
+    from pofe.loops.online.pair_sources import load_data
     from pofe.runs import JsonlWriter
     from pofe.runtime import load_policy, seed_everything
 

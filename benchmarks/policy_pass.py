@@ -34,7 +34,7 @@ def main(argv=None) -> None:
 
     from pofe.runtime import ModelConfig, load_policy
     from pofe.runtime.allocator import keep_freed_memory
-    from pofe.training.dap import TokenPair, pair_logps
+    from pofe.loops.online.dap import TokenPair, pair_logps
     from pofe.runtime.precision import attention_for, autocast
 
     if args.malloc:

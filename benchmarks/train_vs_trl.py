@@ -47,7 +47,7 @@ SEED = 0
 
 def rm_lengths(tok, q, max_length: int | None = None) -> tuple[int, int]:
     """Tokens of (prompt, chosen) and (prompt, rejected) as pofe's reward model reads them."""
-    from pofe.training.reward_model import rm_text
+    from pofe.loops.rm.reward_model import rm_text
 
     n = [len(tok(rm_text(tok, q.prompt, r), add_special_tokens=False)["input_ids"]) for r in (q.chosen, q.rejected)]
     return tuple(min(x, max_length) if max_length else x for x in n)
@@ -61,7 +61,7 @@ def dump_rows(command: str, n: int, max_length: int, steps: int, batch: int, out
     tok = load_tokenizer("smollm2-135m-instruct")
     if command == "sft":
         from pofe.data.sft import load_examples
-        from pofe.training.sft_step import batch_indices, tokenize_examples
+        from pofe.loops.sft.step import batch_indices, tokenize_examples
 
         rows = [{"prompt": ex.prompt if isinstance(ex.prompt, str) else list(ex.prompt), "completion": ex.response}
                 for ex in load_examples([SOURCES["sft"]], "ift", None)
@@ -69,7 +69,7 @@ def dump_rows(command: str, n: int, max_length: int, steps: int, batch: int, out
         order = [i for s in range(steps) for i in batch_indices(s, batch, len(rows), SEED)]
     else:
         from pofe.data.preferences import load_pairs
-        from pofe.training.rm_step import batch_schedule
+        from pofe.loops.rm.step import batch_schedule
 
         rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
                 for p in load_pairs(SOURCES["rm"], limit=4 * n + 64) if max(rm_lengths(tok, p)) <= max_length][:n]
@@ -92,7 +92,7 @@ def pofe_side(command: str, rows: Path, steps: int, batch: int, max_length: int,
     n_rows = sum(1 for _ in rows.open())
     if command == "sft":
         from pofe.loops.sft import SFTConfig as Cfg, SFTRecipe as Base
-        from pofe.training.sft_step import batch_indices
+        from pofe.loops.sft.step import batch_indices
 
         cfg = Cfg.model_validate({**common, "data": {"ift": [str(rows)], "max_length": max_length},
                                   "train": {"steps": steps, "batch_size": batch, "grad_accum": 1, "precision": precision}})

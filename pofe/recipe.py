@@ -166,7 +166,7 @@ class Recipe:
         """A :class:`pofe.errors.PofeError` ending the run cleanly after ``step`` (every process returns
         the same), else None: the driver writes that step's checkpoint and ``summary.json`` (with
         ``stopped``), no ``final/``, then raises it, so ``--resume`` continues from it (a judge-drift
-        stop, ``pofe.training.drift``)."""
+        stop, ``pofe.evaluation.drift``)."""
         return None
 
     def checkpoint_state(self) -> dict[str, Any]:

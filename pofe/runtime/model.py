@@ -204,7 +204,7 @@ class Reference:
 
     def release(self) -> None:
         """Drop the frozen copy (its log-probs now come from elsewhere:
-        :mod:`pofe.training.engine_reference`); ``model()`` then yields None."""
+        :mod:`pofe.loops.online.reference`); ``model()`` then yields None."""
         if self.lora:
             raise ValueError("a LoRA reference is the trained policy itself: there is no copy to release")
         self._frozen = None

@@ -240,7 +240,7 @@ def test_example_config_validates():
 
 
 def test_iteration_metrics_row_is_flat_and_steps_by_iteration():
-    from pofe.training.metrics import iteration_row
+    from pofe.loops.online.metrics import iteration_row
 
     m = {"iteration": 2, "mean_score": 3.5, "pairs": {"kept": 7, "tie": 1}, "eval_mean_score": None,
          "head_to_head_vs_prev": {"win_rate_adjusted": 0.625}, "dpo": {"loss_last": 0.61}}

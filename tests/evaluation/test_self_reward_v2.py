@@ -13,9 +13,9 @@ from pofe.judges.templates import load_template
 from pofe.loops.self_reward import SelfRewardConfig
 from pofe.records import Judgment, Score
 from pofe.runs import read_jsonl
-from pofe.training.meta_rewarding import (MetaJudgeSettings, judge_pair, length_controlled_pair, meta_context,
+from pofe.loops.self_reward.meta_rewarding import (MetaJudgeSettings, judge_pair, length_controlled_pair, meta_context,
                                           most_uncertain, win_scores)
-from pofe.training.self_reward_variants import replace_chosen, variant_pairs
+from pofe.loops.self_reward.self_reward_variants import replace_chosen, variant_pairs
 
 
 class PlantedWriter:
@@ -250,7 +250,7 @@ def test_judgments_after_an_answer_prefix_are_read_with_it(tmp_path):
     of the 0-5 range -> unscored, as the rubric judge reads its own text."""
     from pathlib import Path
 
-    from pofe.training.meta_rewarding import judgments_stage
+    from pofe.loops.self_reward.meta_rewarding import judgments_stage
 
     writer = PlantedWriter({"y": [("4\nIt answers.", None), ("99 points", None), ("2.5, partly", None)]})
     writer.template = load_template(str(Path(__file__).resolve().parents[2] / "examples" / "templates" /

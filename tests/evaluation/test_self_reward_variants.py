@@ -14,7 +14,7 @@ from pofe.config import ConfigError, load_config
 from pofe.records import Score
 from pofe.runs import read_jsonl
 from pofe.evaluation.stats import kendall_tau_b
-from pofe.training.self_reward_variants import (build_anchored_pair, build_anchored_pairs, consistency,
+from pofe.loops.self_reward.self_reward_variants import (build_anchored_pair, build_anchored_pairs, consistency,
                                                 variant_pairs)
 
 

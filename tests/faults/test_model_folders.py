@@ -312,7 +312,7 @@ def test_the_cli_prints_the_one_line_and_leaves_no_run_folder(tmp_path, folder):
 
 def test_a_reward_models_lora_target_modules_matching_nothing_is_one_line(tiny_model_dir):
     from pofe.runtime import LoraSettings, ModelConfig
-    from pofe.training.reward_model import load_reward_model
+    from pofe.loops.rm.reward_model import load_reward_model
 
     cfg = ModelConfig(name=str(tiny_model_dir), device="cpu", lora=LoraSettings(enabled=True, target_modules=["qproj"]))
     assert _refused(lambda: load_reward_model(cfg)).startswith(

@@ -581,7 +581,7 @@ def test_a_plugin_backend_or_reward_that_raises_is_named(tmp_path, installed):
     from pofe.judges.registry import build_judge
     from pofe.plugins import PluginCallError
     from pofe.records import Completion
-    from pofe.training.rl import plugin_reward
+    from pofe.loops.rl.policy_gradient import plugin_reward
 
     code = ("from pofe.judges.base import BackendStats\n"
             "class Backend:\n    kind, fingerprint, cacheable, special_strings = 'r3-be', 'r3', False, ()\n"

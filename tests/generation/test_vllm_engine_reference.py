@@ -28,7 +28,7 @@ def test_engine_completion_logprobs_equal_the_trainer_pass(tiny64_dir, tokenizer
 
     from pofe.generation import SamplingConfig
     from pofe.generation.vllm import generator_for
-    from pofe.training.dap import TokenPair, pair_logps
+    from pofe.loops.online.dap import TokenPair, pair_logps
 
     model = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
     gen = generator_for(model, tokenizer, SamplingConfig(engine="vllm", vllm={"dtype": "float32", "max_model_len": 1024}))
@@ -52,7 +52,7 @@ def test_a_frozen_generator_pushes_its_file_after_another_model_synced_the_share
 
     from pofe.generation import SamplingConfig
     from pofe.generation.vllm import generator_for
-    from pofe.training.dap import TokenPair, pair_logps
+    from pofe.loops.online.dap import TokenPair, pair_logps
 
     pi0 = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
     policy = copy.deepcopy(pi0)
@@ -95,7 +95,7 @@ def _shared_pi0_and_policy(tiny64_dir, tokenizer, **vllm):
 
     from pofe.generation import SamplingConfig
     from pofe.generation.vllm import generator_for
-    from pofe.training.dap import TokenPair
+    from pofe.loops.online.dap import TokenPair
 
     pi0 = AutoModelForCausalLM.from_pretrained(tiny64_dir, dtype=torch.float32).eval()
     policy = copy.deepcopy(pi0)

@@ -17,8 +17,8 @@ import pytest
 
 import configs
 from harness import assert_same_rows, one_and_two_processes, rows, summary
-from pofe.training.meta_rewarding import length_controlled_pairs
-from pofe.training.self_reward_variants import replace_chosen
+from pofe.loops.self_reward.meta_rewarding import length_controlled_pairs
+from pofe.loops.self_reward.self_reward_variants import replace_chosen
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _online_utils import tiny_cfg
-from pofe.training.dap import TokenPair, dap_backward
+from pofe.loops.online.dap import TokenPair, dap_backward
 from pofe.losses import DEFAULT_BETA, LOSSES
 from pofe.runs import read_jsonl
 from pofe.runtime import Reference
@@ -128,7 +128,7 @@ def test_two_cpu_processes_keep_identical_weights(tmp_path, tiny_model_dir):
 def test_completion_logps_matches_the_full_vocabulary_reference(tokenizer, tiny_model):
     """The logits_to_keep shortcut gives the same log-probs as pofe.logprobs (all positions)."""
     from pofe.logprobs import completion_logprobs
-    from pofe.training.dap import completion_logps, pairs_batch
+    from pofe.loops.online.dap import completion_logps, pairs_batch
 
     pairs = _pairs(5)
     batch, width = pairs_batch(pairs, 2, "cpu")
@@ -145,7 +145,7 @@ def test_packed_pass_equals_the_joint_batch(tokenizer, precision, attention):
     joint batch's log-probs and the same gradient, with each attention's own mask type; also when
     every response is one token long and with gradient checkpointing."""
     from pofe.models import tiny_causal_lm
-    from pofe.training.dap import TokenPair, completion_logps, packed_pair_logps, pairs_batch
+    from pofe.loops.online.dap import TokenPair, completion_logps, packed_pair_logps, pairs_batch
     from pofe.runtime.precision import autocast
 
     model = tiny_causal_lm(tokenizer)
@@ -176,7 +176,7 @@ def test_packed_pass_hand_built_row_and_mask():
     """The packed layout for one pair, by hand: prompt (5, 6) left-padded to the other pair's 3 tokens,
     chosen[:-1] then rejected[:-1] each padded to its longest; the rejected tokens see the prompt and
     themselves, never the chosen ones, at the positions they have in their own sequence."""
-    from pofe.training.dap import TokenPair, _pack, _pair_mask
+    from pofe.loops.online.dap import TokenPair, _pack, _pair_mask
 
     layout = _pack([TokenPair((5, 6), (7, 8, 9), (10, 11)), TokenPair((1, 2, 3), (4,), (12, 13, 14))], pad_token_id=0)
     assert layout.input_ids.tolist() == [[0, 5, 6, 7, 8, 10, 0], [1, 2, 3, 0, 0, 12, 13]]
@@ -203,8 +203,8 @@ def test_pair_logps_falls_back_to_the_joint_batch_when_the_model_cannot_pack(tok
     not honour the custom mask (found by the once-per-model check) each give None; pair_logps then
     gives the joint batch's numbers."""
     from pofe.models import tiny_causal_lm
-    from pofe.training import dap
-    from pofe.training.dap import completion_logps, packed_pair_logps, pair_logps, pairs_batch
+    from pofe.loops.online import dap
+    from pofe.loops.online.dap import completion_logps, packed_pair_logps, pair_logps, pairs_batch
 
     pairs = _pairs(3)
     model = tiny_causal_lm(tokenizer)
@@ -251,7 +251,7 @@ def test_packed_pass_mask_in_the_autocast_dtype_changes_no_bit(tokenizer, monkey
     """bf16 autocast, eager attention: the packed pass's mask in bf16 gives the log-probs and the
     gradient that an fp32 mask (transformers' own choice under autocast) gives, bit for bit."""
     from pofe.models import tiny_causal_lm
-    from pofe.training import dap
+    from pofe.loops.online import dap
     from pofe.runtime.activations import lean_activations
     from pofe.runtime.precision import autocast
 

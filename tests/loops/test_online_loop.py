@@ -13,7 +13,7 @@ from _online_utils import FakeJudge, eos_tiny_model, tiny_cfg
 from pofe.evaluation.vs_initial import winrate, winrate_value
 from pofe.loops.online import run
 from pofe.labels import LabelPolicy
-from pofe.training.online_pairs import Annotation, _select_best_vs_worst, label, label_annotations, sample_and_annotate
+from pofe.loops.online.online_pairs import Annotation, _select_best_vs_worst, label, label_annotations, sample_and_annotate
 from pofe.records import Completion, Judgment, Prompt
 from pofe.runs import read_jsonl
 
@@ -299,7 +299,7 @@ def test_tensorboard_sink(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("lora", [True, False])
 def test_build_annotator_shares_pi0_never_the_current_policy(tokenizer, tiny_model, tiny_model_dir, lora):
-    from pofe.training.annotator import build_annotator
+    from pofe.loops.online.annotator import build_annotator
     from pofe.runtime import Reference, load_policy
 
     cfg = tiny_cfg("unused", tiny_model_dir, "judge.kind=llm", f"judge.model={tiny_model_dir}", f"model.lora.enabled={lora}")

@@ -12,7 +12,7 @@ import torch
 from pofe.loops.rl import RLConfig, run
 from pofe.records import Completion, Score
 from pofe.runs import RunError
-from pofe.training.rl import (
+from pofe.loops.rl.policy_gradient import (
     CallableReward,
     JudgeScoreReward,
     group_advantages,
@@ -266,7 +266,7 @@ def test_nonsense_hyperparameters_are_refused_at_parse_time(bad):
 
 def test_reward_model_reward_from_a_pofe_rm_directory(tmp_path, tokenizer):
     from pofe.loops.rl import build_reward
-    from pofe.training.reward_model import tiny_reward_model
+    from pofe.loops.rm.reward_model import tiny_reward_model
 
     d = tmp_path / "rm"
     tiny_reward_model(tokenizer).save_pretrained(d)
@@ -318,7 +318,7 @@ def test_token_logprobs_over_the_completions_only_equal_a_full_forward(tiny_mode
     import torch
 
     from pofe.records import Completion
-    from pofe.training.rl import token_logprobs
+    from pofe.loops.rl.policy_gradient import token_logprobs
 
     comps = [Completion(prompt="a", text="", token_ids=(11, 12, 13), prompt_token_ids=(5, 6, 7, 8, 9)),
              Completion(prompt="b", text="", token_ids=(21,), prompt_token_ids=(5,)),

@@ -15,7 +15,7 @@ from pofe.losses import RM_LOSSES, soft_bt_loss
 from pofe.loops.rm import RMConfig, batch_schedule, hardened, run
 from pofe.records import PreferencePair
 from pofe.runs import RunError
-from pofe.training.reward_model import rewards, tiny_reward_model
+from pofe.loops.rm.reward_model import rewards, tiny_reward_model
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
@@ -161,7 +161,7 @@ def test_hard_label_mode_thresholds(tmp_path, tiny_model_dir):
 
 
 def test_conversational_pairs_keep_system_message_and_turns(tokenizer):
-    from pofe.training.reward_model import pair_prompt, rm_text
+    from pofe.loops.rm.reward_model import pair_prompt, rm_text
 
     msgs = ({"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi."},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a fruit."})

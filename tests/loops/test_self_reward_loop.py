@@ -326,7 +326,7 @@ def test_variants_resume_mid_anchor_candidates_and_after_cream_scores(tmp_path, 
     from safetensors.torch import load_file
 
     from pofe.generation import candidates
-    from pofe.training import self_reward_variants
+    from pofe.loops.self_reward import self_reward_variants
 
     ref = run(_variants_cfg(tmp_path, tiny_model_dir, "ref", chunk=2))
 

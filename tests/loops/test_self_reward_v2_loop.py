@@ -16,8 +16,8 @@ import yaml
 
 from pofe.loops.self_reward import SelfRewardConfig, run
 from pofe.runs import read_jsonl
-from pofe.training.meta_rewarding import length_controlled_pairs
-from pofe.training.self_reward_variants import build_anchored_pairs, replace_chosen
+from pofe.loops.self_reward.meta_rewarding import length_controlled_pairs
+from pofe.loops.self_reward.self_reward_variants import build_anchored_pairs, replace_chosen
 
 EXPECTED_RUBRIC = Path(__file__).resolve().parents[2] / "examples" / "templates" / "rubric-expected-score.yaml"
 SCORE_FIRST = Path(__file__).resolve().parents[2] / "examples" / "templates" / "rubric-score-first.yaml"

@@ -13,7 +13,7 @@ from pofe.logprobs import completion_logprobs
 from pofe.loops import sft as sft_mod
 from pofe.data.sft import SFTExample, load_sft_data, to_example
 from pofe.loops.sft import SFTConfig, SFTDataConfig
-from pofe.training.sft_step import batch_indices, response_nll, tokenize_examples
+from pofe.loops.sft.step import batch_indices, response_nll, tokenize_examples
 from pofe.models import tiny_causal_lm
 from pofe.runs import read_jsonl
 

@@ -192,7 +192,7 @@ def test_a_plugin_named_like_a_builtin_is_an_error_naming_both(tmp_path, plugin_
 
 
 def test_two_packages_with_one_plugin_name_is_an_error_naming_both(tmp_path, plugin_path):
-    from pofe.training.rl import plugin_reward
+    from pofe.loops.rl.policy_gradient import plugin_reward
 
     a = _fake_dist(tmp_path / "a", "pofe-twin-a", "[pofe.rewards]\ntwin = twin_a:f\n")
     b = _fake_dist(tmp_path / "b", "pofe-twin-b", "[pofe.rewards]\ntwin = twin_b:f\n")
@@ -204,7 +204,7 @@ def test_two_packages_with_one_plugin_name_is_an_error_naming_both(tmp_path, plu
 
 def test_reward_plugin_answers_are_checked():
     from pofe.records import Completion
-    from pofe.training.rl import PluginReward
+    from pofe.loops.rl.policy_gradient import PluginReward
 
     comps = [Completion(prompt="a", text="x", token_ids=[1], prompt_token_ids=[2])] * 2
     assert PluginReward("ok", lambda p, c: ([1, None], {}))(["a", "b"], comps) == ([1.0, None], {})
@@ -317,10 +317,10 @@ def test_builtin_backend_names_match_the_backends_map():
 def test_length_settings_with_a_plugin_reward_are_refused(monkeypatch):
     """reward.prefer/unit/scale configure the built-in length reward only: with a plugin reward they would do nothing."""
     from pofe.config import ConfigError
-    from pofe.training.rewards import RewardConfig
+    from pofe.loops.rl.rewards import RewardConfig
 
     RewardConfig(function="length", prefer="longer", scale=2.0)  # the built-in reads them
-    import pofe.training.rewards as rewards
+    import pofe.loops.rl.rewards as rewards
 
     fields = RewardConfig.model_fields
     assert fields["prefer"].default == "shorter" and fields["scale"].default == 1.0

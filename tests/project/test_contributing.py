@@ -298,7 +298,7 @@ def test_adding_a_dap_loss(tmp_path, tiny_model_dir):
               'DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002, "toy": 0.5}')
     tree.edit(losses, 'LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic}',
               TOY_LOSS + 'LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic, "toy": toy}')
-    online = "pofe/loops/online.py"
+    online = "pofe/loops/online/__init__.py"
     tree.edit(online, "slic (Eq. 3), or a loss", "slic (Eq. 3), toy (a squared hinge), or a loss")
     tree.edit(online, "SLiC 0.002.", "SLiC 0.002; toy 0.5.")
     tests = "tests/core/test_losses.py"

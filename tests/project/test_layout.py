@@ -234,12 +234,20 @@ DRIVER_ONLY = {"open_run", "write_config", "save_checkpoint", "load_checkpoint",
                "resume_from_checkpoint", "link_final"}
 
 
+def _loop_modules(root: Path) -> list[tuple[Path, str]]:
+    """(file, name) of each command's module under ``root``: ``<cmd>.py``, or ``<cmd>/__init__.py`` for a
+    command with pieces of its own beside it (those pieces are the algorithm, not the recipe, and are
+    not held to the recipe's shape)."""
+    found = [(p, p.name) for p in root.glob("*.py")] + [(p, f"{p.parent.name}/__init__.py") for p in root.glob("*/__init__.py")]
+    return sorted(found, key=lambda f: f[1])
+
+
 def loop_shape(root: Path) -> dict[str, list[str]]:
     """Problems per loop module under ``root``: too many lines, a function too long, a name only the
     driver may use (called, imported or read as an attribute), or (for a driven command) no Recipe
     subclass and no call of ``drive``."""
     out: dict[str, list[str]] = {}
-    for path in sorted(root.glob("*.py")):
+    for path, name in _loop_modules(root):
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text)
         bad = []
@@ -266,7 +274,7 @@ def loop_shape(root: Path) -> dict[str, list[str]]:
         if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "summary.json" in n.value
                and id(n) not in docs for n in ast.walk(tree)):
             bad.append("writes summary.json (the driver's job)")
-        if path.stem in DRIVEN.values():
+        if name.split("/")[0].removesuffix(".py") in DRIVEN.values():
             recipes = [c for c in tree.body if isinstance(c, ast.ClassDef)
                        and any(getattr(b, "id", getattr(b, "attr", None)) == "Recipe" for b in c.bases)]
             drives = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "drive"]
@@ -275,15 +283,46 @@ def loop_shape(root: Path) -> dict[str, list[str]]:
             if not drives:
                 bad.append("never calls drive()")
         if bad:
-            out[path.name] = sorted(set(bad))
+            out[name] = sorted(set(bad))
     return out
 
 
 def test_every_training_command_is_a_recipe_on_the_one_driver():
-    assert {f"{m}.py" for m in DRIVEN.values()} <= {p.name for p in LOOPS.glob("*.py")}
+    assert set(DRIVEN.values()) <= {name.split("/")[0].removesuffix(".py") for _, name in _loop_modules(LOOPS)}
     problems = loop_shape(LOOPS)
     assert not problems, "pofe/loops/ modules that are not short recipes on pofe.recipe.drive:\n" + "\n".join(
         f"  {name}: {'; '.join(p)}" for name, p in problems.items())
+
+
+def hidden_pieces(root: Path) -> list[str]:
+    """``<cmd>/<piece>.py`` whose name the command's ``__init__`` also binds at its top level (an import,
+    a def, a class, an assignment): ``import pofe.loops.<cmd>.<piece> as m`` then yields that object, not
+    the module, and a monkeypatch on it misses."""
+    out = []
+    for init in sorted(root.glob("*/__init__.py")):
+        bound = set()
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound |= {n.id for tg in targets for n in ast.walk(tg) if isinstance(n, ast.Name)}
+        out += [f"{init.parent.name}/{p.name}" for p in sorted(init.parent.glob("*.py")) if p.stem in bound]
+    return out
+
+
+def test_no_command_piece_is_hidden_by_a_name_of_its_package():
+    assert not hidden_pieces(LOOPS), f"rename these pieces (their package binds the same name): {hidden_pieces(LOOPS)}"
+
+
+def test_the_hidden_piece_checker_finds_a_clash(tmp_path):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "__init__.py").write_text("from pofe.loops.rl.rl_step import rl_step\n")
+    (tmp_path / "rl" / "rl_step.py").write_text("def rl_step(): pass\n")
+    (tmp_path / "rl" / "step.py").write_text("")
+    assert hidden_pieces(tmp_path) == ["rl/rl_step.py"]
 
 
 def test_the_loop_shape_checker_finds_each_defect(tmp_path):
@@ -293,8 +332,13 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
                                     "def run():\n    return drive(R())\n")
     (tmp_path / "sft.py").write_text("from pofe.runtime import save_checkpoint\n\n" + long_fn
                                      + "\nopen('summary.json')\n" + "# pad\n" * 300)
+    # A command with pieces is a package: its __init__ is held to the shape, a piece beside it is not.
+    (tmp_path / "online").mkdir()
+    (tmp_path / "online" / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "online" / "piece.py").write_text("from pofe.runtime import save_final\n" + "# pad\n" * 300)
     got = loop_shape(tmp_path)
-    assert "rl.py" not in got
+    assert "rl.py" not in got and "online/piece.py" not in got
+    assert got["online/__init__.py"] == ["defines no Recipe subclass", "never calls drive()"]
     assert got["sft.py"] == sorted(["defines no Recipe subclass", "never calls drive()", "f() is 86 lines (max 80)",
                                     f"{len((tmp_path / 'sft.py').read_text().splitlines())} lines (max 300)",
                                     "uses save_checkpoint (line 1): the driver's job", "writes summary.json (the driver's job)"])
@@ -306,8 +350,8 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
 # own rank or below, never above. The layers, bottom up: leaves (records, config, errors, runs, ...)
 # -> the runtime (``runtime``: processes, data parallel, sharding, ZeRO, checkpoints, guards, the
 # optimiser step, ...; it imports only leaves) -> data, generation, judges -> evaluation -> the
-# driver (``recipe``) -> the commands (``loops``, ``annotate``, and ``training``: the commands'
-# own pieces, until they move into per-command folders) -> the CLI.
+# driver (``recipe``) -> the commands (``loops``: each command's recipe with its own pieces beside
+# it; ``annotate``) -> the CLI.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["pofe", "errors", "paths", "secrets", "config", "records", "labels", "losses", "plugins",
                      "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders", "hub"], 0),
@@ -315,7 +359,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(["data", "generation", "judges"], 2),
     "evaluation": 3,
     "recipe": 4,
-    **dict.fromkeys(["loops", "annotate", "training"], 5),
+    **dict.fromkeys(["loops", "annotate"], 5),
     **dict.fromkeys(["cli", "__main__", "config_docs", "api"], 6),
 }
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pofe.runtime.activations import lean_activations
-from pofe.training.dap import TokenPair, pair_logps
+from pofe.loops.online.dap import TokenPair, pair_logps
 from pofe.runtime.precision import attention_for, autocast
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

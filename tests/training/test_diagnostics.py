@@ -15,8 +15,8 @@ import torch
 from _online_utils import tiny_cfg
 from pofe.config import ConfigError
 from pofe.runs import read_jsonl
-from pofe.training.dap import TokenPair, dap_backward
-from pofe.training.diagnostics import fresh_from_update, mean_token_logp
+from pofe.loops.online.dap import TokenPair, dap_backward
+from pofe.loops.online.diagnostics import fresh_from_update, mean_token_logp
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,7 +16,7 @@ from pofe.config import ConfigError, load_config
 from pofe.judges.base import Capability
 from pofe.records import Judgment
 from pofe.runs import read_jsonl
-from pofe.training.drift import DriftError, drift_summary
+from pofe.evaluation.drift import DriftError, drift_summary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -124,7 +124,7 @@ def test_warn_logs_and_trains_on(tmp_path, tiny_model_dir, caplog):
     rows = _calibration(tmp_path / "cal.jsonl")
     cfg = tiny_cfg(tmp_path / "runs", tiny_model_dir, "train.steps=4", "eval.enabled=false",
                    *_sets(tmp_path / "cal.jsonl"), "audit.on_drift=warn", "audit.contrasts=false")
-    with caplog.at_level(logging.WARNING, logger="pofe.training.drift"):
+    with caplog.at_level(logging.WARNING, logger="pofe.evaluation.drift"):
         s = run(cfg, judge=DriftingSelfJudge(rows))
     assert s["steps_run"] == 4 and "stopped" not in s and s["final_model"]
     assert s["drift"]["first_crossing"]["step"] == 4

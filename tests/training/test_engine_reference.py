@@ -10,7 +10,7 @@ import weakref
 import pytest
 import torch
 
-from pofe.training.dap import TokenPair
+from pofe.loops.online.dap import TokenPair
 
 
 class FakeGen:
@@ -57,7 +57,7 @@ def _ref(tiny_model):
 
 
 def test_within_max_gap_the_engine_takes_over_and_the_frozen_copy_is_freed(tiny_model):
-    from pofe.training.engine_reference import EngineReference, ReferenceSettings
+    from pofe.loops.online.reference import EngineReference, ReferenceSettings
 
     ref = _ref(tiny_model)
     frozen = weakref.ref(ref.module)
@@ -73,7 +73,7 @@ def test_within_max_gap_the_engine_takes_over_and_the_frozen_copy_is_freed(tiny_
 
 
 def test_past_max_gap_the_trainer_pass_stays_and_nothing_is_freed(tiny_model):
-    from pofe.training.engine_reference import EngineReference, ReferenceSettings
+    from pofe.loops.online.reference import EngineReference, ReferenceSettings
 
     ref = _ref(tiny_model)
     gen = FakeGen([-5.3, -2.0, -3.0, -4.0])  # 0.3 / 10 = 0.03 > 0.02
@@ -85,7 +85,7 @@ def test_past_max_gap_the_trainer_pass_stays_and_nothing_is_freed(tiny_model):
 
 
 def test_the_gap_is_pooled_over_processes_so_every_process_decides_alike(tiny_model):
-    from pofe.training.engine_reference import EngineReference, ReferenceSettings
+    from pofe.loops.online.reference import EngineReference, ReferenceSettings
 
     # this process alone: 0.15 / 10 = 0.015 (engine); the other process adds |diff| 0.45 over
     # 10 tokens: (0.15 + 0.45) / 20 = 0.03 > 0.02 -> model, on both
@@ -96,7 +96,7 @@ def test_the_gap_is_pooled_over_processes_so_every_process_decides_alike(tiny_mo
 
 
 def test_a_resumed_engine_decision_frees_the_copy_without_measuring(tiny_model):
-    from pofe.training.engine_reference import EngineReference, ReferenceSettings
+    from pofe.loops.online.reference import EngineReference, ReferenceSettings
 
     ref, gen = _ref(tiny_model), FakeGen([])
     er = EngineReference(ref, gen, ReferenceSettings(source="engine"), {"source": "engine", "gap": 0.004})
@@ -131,7 +131,7 @@ def test_mismatch_kl_is_the_per_token_sum_of_sampler_minus_trainer_log_probs():
     from types import SimpleNamespace
 
     from pofe.generation.sync_check import mismatch_kl
-    from pofe.training.rl_step import add_mismatch
+    from pofe.loops.rl.step import add_mismatch
 
     acc = [0.0, 0]
     comps = [SimpleNamespace(logprobs=(-1.0, -2.0)), SimpleNamespace(logprobs=None), SimpleNamespace(logprobs=(-0.5,))]

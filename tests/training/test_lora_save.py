@@ -25,14 +25,14 @@ def test_lora_save_asks_no_hub(how, tokenizer, tmp_path, monkeypatch):
     if how == "new-adapter":
         model = tiny_causal_lm(tokenizer)
     else:
-        from pofe.training.reward_model import tiny_reward_model
+        from pofe.loops.rm.reward_model import tiny_reward_model
 
         model = tiny_reward_model(tokenizer)
     model.name_or_path = model.config._name_or_path = "smollm2-135m-instruct"  # as load_model names it
     if how == "new-adapter":
         model = apply_lora(model, LoraSettings(enabled=True, r=2, alpha=4))
     else:
-        from pofe.training.reward_model import wrap_reward_model
+        from pofe.loops.rm.reward_model import wrap_reward_model
 
         model = wrap_reward_model(model, ModelConfig(lora={"enabled": True, "r": 2, "alpha": 4}))
     with warnings.catch_warnings(record=True) as seen:

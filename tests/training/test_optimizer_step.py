@@ -109,7 +109,7 @@ def test_nan_loss_stops_rm(tmp_path, tiny_model_dir, monkeypatch):
 
 
 def test_nan_loss_stops_rl(tmp_path, monkeypatch):
-    import pofe.training.rl_step as rl_step_mod
+    import pofe.loops.rl.step as rl_step_mod
     from pofe.loops.rl import run
 
     from tests.loops.test_rl import _rl_cfg
@@ -122,7 +122,7 @@ def test_nan_loss_stops_rl(tmp_path, monkeypatch):
 
 
 def test_nan_loss_stops_sft(tmp_path, tiny_model_dir, monkeypatch):
-    import pofe.training.sft_step as sft_step_mod
+    import pofe.loops.sft.step as sft_step_mod
     from pofe.loops.sft import run
 
     from tests.loops.test_sft import EXAMPLES, _cfg

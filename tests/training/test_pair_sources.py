@@ -14,9 +14,9 @@ import torch
 from pofe.config import load_config
 from pofe.loops.online import OnlineConfig
 from pofe.records import PreferencePair
-from pofe.training.dap import TokenPair
-from pofe.training.online_pairs import zero_counts
-from pofe.training.pair_sources import (
+from pofe.loops.online.dap import TokenPair
+from pofe.loops.online.online_pairs import zero_counts
+from pofe.loops.online.pair_sources import (
     AsyncSource,
     EngineSync,
     IterativeSource,
@@ -79,7 +79,7 @@ def _source(cfg, engine):
 
 def _lp(cfg):
     from pofe.data.prompts import PromptCursor
-    from pofe.training.pair_sources import LoopState
+    from pofe.loops.online.pair_sources import LoopState
 
     return LoopState(cfg, OneProcess(), None, None, None, contextlib.nullcontext, PromptCursor(["x", "y"], 0), [], None)
 
@@ -211,8 +211,8 @@ def test_offline_pairs_follow_the_label_policy(tokenizer):
 ])
 def test_the_frozen_reference_goes_bf16_only_when_nothing_else_reads_it(tiny_model, sets, lora, shared, cast):
     from pofe.runtime import Reference
-    from pofe.training.annotator import Judges as J
-    from pofe.training.annotator import reference_to_bf16
+    from pofe.loops.online.annotator import Judges as J
+    from pofe.loops.online.annotator import reference_to_bf16
 
     cfg = _cfg(*sets)
     if lora:

@@ -154,7 +154,7 @@ def test_bf16_dap_pass_on_cpu_runs_eager_attention_and_gives_sdpa_back(tiny_mode
     from pofe.losses import get_loss
     from pofe.runtime import Reference
     from pofe.runtime import precision
-    from pofe.training.dap import TokenPair, dap_backward
+    from pofe.loops.online.dap import TokenPair, dap_backward
 
     enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731
     pairs = [TokenPair(enc("Tell me a fact."), enc(" Water boils at 100 C."), enc(" I do not know at all."), 1.0, "a"),
@@ -190,7 +190,7 @@ def test_reference_linear_weights_in_bf16_are_bit_identical_under_autocast(tiny_
     same log-probs as with fp32 weights (autocast rounds them the same way at every call);
     embeddings, norms and a LM head tied to the embedding stay fp32."""
     from pofe.runtime import Reference
-    from pofe.training.dap import TokenPair, pair_logps
+    from pofe.loops.online.dap import TokenPair, pair_logps
     from pofe.runtime.precision import autocast
 
     enc = lambda t: tuple(tokenizer(t, add_special_tokens=False).input_ids)  # noqa: E731

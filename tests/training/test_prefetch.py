@@ -12,7 +12,7 @@ from pofe.config import ConfigError, load_config
 from pofe.loops.online import OnlineConfig
 from pofe.runtime.checkpoints import seed_everything
 from pofe.runtime.parallel import sampling_seed, step_seed
-from pofe.training.prefetch import Prefetch
+from pofe.loops.online.prefetch import Prefetch
 
 VLLM = ["mode=async", "sampling.engine=vllm"]
 

@@ -12,9 +12,9 @@ import torch
 from _online_utils import eos_tiny_model
 from pofe.config import ConfigError, load_config
 from pofe.records import Completion
-from pofe.training.rewards import RewardShapingConfig, audit_length_bias
-from pofe.training.rl import group_shaping, list_items, masked_group_advantages
-from pofe.training.rl_step import shape_rewards, shaping_metrics
+from pofe.loops.rl.rewards import RewardShapingConfig, audit_length_bias
+from pofe.loops.rl.policy_gradient import group_shaping, list_items, masked_group_advantages
+from pofe.loops.rl.step import shape_rewards, shaping_metrics
 from pofe.runtime.parallel import DataParallel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -16,7 +16,7 @@ from scipy.stats import kendalltau
 
 from pofe.judges.base import Capability
 from pofe.records import Completion, Judgment
-from pofe.training.tournament import (
+from pofe.loops.rl.tournament import (
     Tournament,
     bradley_terry,
     group_scores,

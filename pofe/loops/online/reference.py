@@ -107,7 +107,7 @@ class EngineReference:
 
     # -- the engine's numbers ---------------------------------------------------------------
     def engine_logps(self, pairs: Sequence) -> torch.Tensor:
-        """Summed response log-probs (2m,), chosen then rejected, as :func:`pofe.training.dap.pair_logps`."""
+        """Summed response log-probs (2m,), chosen then rejected, as :func:`pofe.loops.online.dap.pair_logps`."""
         seqs = [(p.prompt_ids, p.chosen_ids) for p in pairs] + [(p.prompt_ids, p.rejected_ids) for p in pairs]
         return torch.tensor(self.generator.completion_logprobs(seqs), dtype=torch.float32)
 
@@ -160,9 +160,9 @@ def pi0_generator(reference, tokenizer, judge_cfg):
 
 
 def trainer_logps(reference, pairs: Sequence, *, pad_token_id: int, device, precision) -> torch.Tensor:
-    """The trainer's own pi_0 pass on ``pairs`` (2m,): what :func:`pofe.training.dap.dap_backward` computes
+    """The trainer's own pi_0 pass on ``pairs`` (2m,): what :func:`pofe.loops.online.dap.dap_backward` computes
     without the engine (joint batch; the packed pass agrees with it to float rounding)."""
-    from pofe.training.dap import pair_logps
+    from pofe.loops.online.dap import pair_logps
     from pofe.runtime.precision import autocast
 
     if not pairs:

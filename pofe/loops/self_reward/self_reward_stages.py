@@ -49,8 +49,8 @@ from pofe.runtime.checkpoints import final_complete
 from pofe.runtime.guards import fault_point
 from pofe.runtime.model import ModelConfig
 from pofe.runtime.parallel import DataParallel
-from pofe.training.self_reward_variants import variant_pairs
-from pofe.training.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
+from pofe.loops.self_reward.self_reward_variants import variant_pairs
+from pofe.loops.self_reward.stages import StageClock, free, link_final, stage_seed, write_json, write_jsonl
 from pofe.runtime.tracking import LogConfig
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def dpo_config(cfg, prev_model: str, aift_path: Path, n_pairs: int, t: int, it_d
     """Step 5's ``pofe online`` config (offline mode: the one DPO trainer): M_t = DPO on
     AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1}, with ``selection.num_checkpoints``
     evenly spaced checkpoints to select from. ``labels``: soft when the pairs carry CREAM's
-    consistency as their ``p`` (:mod:`pofe.training.self_reward_variants`). ``name``: the run
+    consistency as their ``p`` (:mod:`pofe.loops.self_reward.self_reward_variants`). ``name``: the run
     folder under ``it_dir``; ``future`` is Temporal Self-Rewarding's one-step-ahead M_t' (the same
     DPO settings, its own seed, no checkpoints to select from)."""
     from pofe.loops import online
@@ -453,8 +453,8 @@ class Chain:
         """Temporal Self-Rewarding's future-guided chosen in iteration ``t``: M_t' = DPO from
         M_{t-1} on the anchored ``pairs`` (``iter_t/future/``), its N candidates per pair scored by
         the current ``judge`` (``data/future_candidates.jsonl``), each chosen replaced by the best
-        of them when it scores higher (:func:`pofe.training.self_reward_variants.replace_chosen`)."""
-        from pofe.training.self_reward_variants import replace_chosen
+        of them when it scores higher (:func:`pofe.loops.self_reward.self_reward_variants.replace_chosen`)."""
+        from pofe.loops.self_reward.self_reward_variants import replace_chosen
 
         cfg, it_dir, dp = self.cfg, self.it_dir(t), self.dp
         if not pairs:

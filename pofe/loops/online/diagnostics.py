@@ -33,7 +33,7 @@ from pofe.config import ConfigError, PofeConfig
 
 
 class DiagnosticsSettings(PofeConfig):
-    """Training diagnostics logged to ``metrics.jsonl`` (``pofe.training.diagnostics``)."""
+    """Training diagnostics logged to ``metrics.jsonl`` (``pofe.loops.online.diagnostics``)."""
 
     offpolicy: bool = False
     """Log OAIF Appendix B's off-policy gap: the policy's mean per-token log-prob of its own fresh samples
@@ -63,7 +63,7 @@ def mean_token_logp(model, prompt_ids: Sequence[Sequence[int]], response_ids: Se
                     pad_token_id: int, device, chunk: int = 8) -> tuple[float, int]:
     """(sum of log pi(y_t | x, y_<t) over every response token, number of response tokens) of
     ``model``, no grad, ``chunk`` sequences per forward. Empty responses count nothing."""
-    from pofe.training.dap import completion_logps
+    from pofe.loops.online.dap import completion_logps
     from pofe.logprobs import SequenceBatch, build_batch
 
     rows = [(list(p), list(r)) for p, r in zip(prompt_ids, response_ids) if len(r)]
@@ -125,7 +125,7 @@ class OffPolicyProbe:
     def before_update(self, step: int, policy, tokenizer, sampling, *, device) -> dict[str, Any]:
         """At theta_t (before the step's optimiser step): the offline rows' log-probs, and in
         mode=offline a fresh sample per row and its log-prob. Empty when not due."""
-        from pofe.training.dap import tokenize_pair
+        from pofe.loops.online.dap import tokenize_pair
 
         if not self.due(step):
             return {}

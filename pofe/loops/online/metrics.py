@@ -38,7 +38,7 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
     Args:
         annotations: ledger rows of this step (``p``, ``consistent`` per judged pair); empty
             in offline mode.
-        pairs: :class:`pofe.training.dap.PairStats` of the trained pairs.
+        pairs: :class:`pofe.loops.online.dap.PairStats` of the trained pairs.
         counts: trained / identical / unlabelled / ties / inconsistent / low_margin.
         times: seconds for generate, judge, reference, policy, optimizer and the whole step.
     """

@@ -18,8 +18,8 @@ from pofe.generation import SamplingConfig, generate
 from pofe.generation.base import prompt_input
 from pofe.labels import DROP_REASONS, LabelPolicy, harden, orient
 from pofe.records import Completion, Judgment, Prompt
-from pofe.training.dap import TokenPair
-from pofe.training.ledger import annotation_row
+from pofe.loops.online.dap import TokenPair
+from pofe.loops.online.ledger import annotation_row
 
 
 # ----------------------------------------------------------------------------- sample & annotate

@@ -5,7 +5,7 @@ rlaif-constitutional-ai, "The RL objective is unchanged": maximise
 E[r(x, y)] − β KL(π ‖ π_ref) with π_ref the SL-CAI model. Per step: sample k responses for
 each of B prompts, score them, and take one on-policy gradient step with a group baseline,
 RLOO (Ahmadian et al. 2024) or GRPO-style (Shao et al. 2024); the pieces (advantages, KL
-estimators, the loss, the reward sources) are in :mod:`pofe.training.rl`.
+estimators, the loss, the reward sources) are in :mod:`pofe.loops.rl.policy_gradient`.
 
 KL to the reference (``pofe.runtime.Reference``: the adapter disabled under LoRA, else a
 frozen copy) either enters the reward, r − β Σ_t (log π − log π_ref) (RLOO's form), or the
@@ -20,7 +20,7 @@ Reward sources (``reward.kind``):
 * ``pairwise``: any pairwise judge compares each prompt's k samples in a tournament
   (``reward.pairwise``: all-pairs, circular or chunked matchups, both orders, optional
   calibration map); a sample's reward is its mean soft win score or per-group Bradley–Terry
-  strength (:mod:`pofe.training.tournament`); unreadable comparisons are masked and counted
+  strength (:mod:`pofe.loops.rl.tournament`); unreadable comparisons are masked and counted
   (``reward/unreadable``, ``reward/judge_calls_per_group``, ``reward/tie_rate``, ``reward/bt_spread``).
 
 Logged per step (``metrics.jsonl``, TRL's names): ``objective/scores`` (the reward),
@@ -51,11 +51,11 @@ from pofe.judges.usage import BudgetMeter, budget_of
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
-from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
+from pofe.evaluation.drift import DriftMonitor, DriftSettings, drift_summary
 from pofe.runtime.precision import Precision
-from pofe.training.rewards import PairwiseRewardConfig, RewardConfig, build_reward
-from pofe.training.rl import RewardFn
-from pofe.training.rl_step import batch_for_step, measure, rl_step
+from pofe.loops.rl.rewards import PairwiseRewardConfig, RewardConfig, build_reward
+from pofe.loops.rl.policy_gradient import RewardFn
+from pofe.loops.rl.step import batch_for_step, measure, rl_step
 from pofe.runtime.tracking import LogConfig
 
 __all__ = ["RLConfig", "RLRecipe", "run", "RewardConfig", "PairwiseRewardConfig", "build_reward", "rl_step", "measure",
@@ -134,7 +134,7 @@ class RLConfig(PofeConfig):
     run: RunConfig = RunConfig()
     """Where the run folder goes."""
     audit: DriftSettings = DriftSettings()
-    """Judge drift: the reward's live judge re-audited every ``audit.every`` steps (``pofe.training.drift``)."""
+    """Judge drift: the reward's live judge re-audited every ``audit.every`` steps (``pofe.evaluation.drift``)."""
 
     @field_validator("sampling")
     @classmethod
@@ -247,7 +247,7 @@ class RLRecipe(Recipe):
             v = [h[key] for h in last if h.get(key) is not None]
             return sum(v) / len(v) if v else None
 
-        from pofe.training.rewards import audit_length_bias
+        from pofe.loops.rl.rewards import audit_length_bias
 
         keys = ("objective/scores", "objective/kl", "objective/kl_k3", "length", "monitor")
         out = {"algo": cfg.algo, "kl_in": cfg.kl_in, "beta": cfg.beta, "reward": self.reward_fn.id,

@@ -12,11 +12,11 @@ One model is both the policy and its own judge; ``iter_t/`` holds how M_t was ma
      counted (:mod:`pofe.generation.candidates`);
   4. pair = highest vs lowest mean score; ties / fewer than two scores dropped and counted
      -> ``data/aift.jsonl`` (:mod:`pofe.data.aift`); optionally (off by default, see
-     :mod:`pofe.training.self_reward_variants`) the rejected from the seed model M1's candidates
+     :mod:`pofe.loops.self_reward.self_reward_variants`) the rejected from the seed model M1's candidates
      (``temporal.anchor: m1``, Temporal Self-Rewarding; with ``temporal.future`` the chosen from
      a model DPO-trained one step ahead), Meta-Rewarding's length-controlled actor pairs plus
      judge pairs from the model's judgments of its own judgments (``meta_judge.enabled``,
-     :mod:`pofe.training.meta_rewarding`), and/or the label softened to CREAM's consistency C
+     :mod:`pofe.loops.self_reward.meta_rewarding`), and/or the label softened to CREAM's consistency C
      between the judgments of M_{t-1} and M_{t-2} (``cream.enabled``);
   5. M_t = DPO on AIFT(M_{t-1}) from M_{t-1}, reference M_{t-1} (beta 0.1, lr 1e-6 cosine to
      1e-7), through ``pofe online``'s offline mode (one DPO trainer);
@@ -33,7 +33,7 @@ iteration t), checkpointed (its small state only: no weights at this level) once
 ``iter_t/metrics.json`` are written. Inside an iteration every stage's output is a file,
 skipped when present (candidates append per chunk; DPO / SFT resume from their own step
 checkpoints), so a crash mid-iteration redoes only its unfinished stages
-(:mod:`pofe.training.self_reward_stages`). ``final/`` is M_T: a link to ``iter_T/model``.
+(:mod:`pofe.loops.self_reward.self_reward_stages`). ``final/`` is M_T: a link to ``iter_T/model``.
 
 Data-parallel under ``torchrun``: candidates, their scores, greedy responses and judging are
 split by prompt block over the processes, SFT and DPO shard their steps, rank 0 writes every
@@ -62,11 +62,11 @@ from pofe.loops.sft import SFTTrainSettings
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
-from pofe.training.metrics import iteration_row
-from pofe.training.meta_rewarding import MetaJudgeSettings
-from pofe.training.self_reward_stages import Chain
-from pofe.training.self_reward_variants import CreamSettings, TemporalSettings
-from pofe.training.stages import write_json
+from pofe.loops.online.metrics import iteration_row
+from pofe.loops.self_reward.meta_rewarding import MetaJudgeSettings
+from pofe.loops.self_reward.self_reward_stages import Chain
+from pofe.loops.self_reward.self_reward_variants import CreamSettings, TemporalSettings
+from pofe.loops.self_reward.stages import write_json
 from pofe.runtime.tracking import LogConfig
 
 __all__ = ["SelfRewardConfig", "SelfRewardRecipe", "run", "load_inputs"]
@@ -210,7 +210,7 @@ class SelfRewardConfig(PofeConfig):
 
 class SelfRewardRecipe(Recipe):
     """One driver step = one iteration: step 1 makes and measures M1, step t >= 2 makes M_t from
-    M_{t-1} (:class:`pofe.training.self_reward_stages.Chain`); ``final/`` = M_T."""
+    M_{t-1} (:class:`pofe.loops.self_reward.self_reward_stages.Chain`); ``final/`` = M_T."""
 
     command = "self-reward"
     data_parallel = True

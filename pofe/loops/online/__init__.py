@@ -12,12 +12,12 @@ Each step of Algorithm 1:
    pi_0 = the initial policy (DPO Eq. 1, IPO Eq. 2, SLiC Eq. 3). No gradient flows through
    sampling or annotation (the explainer's "stop_gradient").
 
-Modes are pair sources (:mod:`pofe.training.pair_sources`): ``online`` (the above), ``async``
+Modes are pair sources (:mod:`pofe.loops.online.pair_sources`): ``online`` (the above), ``async``
 (step t+1's steps 1-3 in a background thread while step t trains: one update stale, vllm only),
 ``iterative`` (steps 1-3 for K steps at once), ``offline`` (a fixed file: OAIF's baseline).
 Steering the objective is a change of ``judge.template`` (Sec. 4.6). The annotator is
-:mod:`pofe.training.annotator`; step 4 and the metrics row :mod:`pofe.training.dap_step`; Appendix
-B's off-policy gap :mod:`pofe.training.diagnostics`; judge drift :mod:`pofe.training.drift`.
+:mod:`pofe.loops.online.annotator`; step 4 and the metrics row :mod:`pofe.loops.online.step`; Appendix
+B's off-policy gap :mod:`pofe.loops.online.diagnostics`; judge drift :mod:`pofe.evaluation.drift`.
 Data parallel (gradients all-reduced), or FSDP2-sharded with sampling.engine=vllm (each process
 pushes the gathered weights to its own engine; :mod:`pofe.runtime.sharding`)::
 
@@ -41,14 +41,14 @@ from pofe.losses import LossName, default_beta, get_loss
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
-from pofe.training.annotator import build_annotator
-from pofe.training.dap import tokenize_pair
-from pofe.training.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
-from pofe.training.drift import DriftMonitor, DriftSettings, drift_summary
-from pofe.training.engine_reference import ReferenceSettings, engine_reference, engine_refusal, measure_reference
-from pofe.training.online_pairs import label_annotations, sample_and_annotate
-from pofe.training.online_settings import DataSettings, EvalSettings
-from pofe.training.pair_sources import eval_due, load_data, mode_refusal
+from pofe.loops.online.annotator import build_annotator
+from pofe.loops.online.dap import tokenize_pair
+from pofe.loops.online.diagnostics import DiagnosticsSettings, OffPolicyProbe, offpolicy_summary
+from pofe.evaluation.drift import DriftMonitor, DriftSettings, drift_summary
+from pofe.loops.online.reference import ReferenceSettings, engine_reference, engine_refusal, measure_reference
+from pofe.loops.online.online_pairs import label_annotations, sample_and_annotate
+from pofe.loops.online.online_settings import DataSettings, EvalSettings
+from pofe.loops.online.pair_sources import eval_due, load_data, mode_refusal
 from pofe.runtime.precision import Precision
 from pofe.runtime.tracking import LogConfig
 
@@ -121,12 +121,12 @@ class OnlineConfig(PofeConfig):
     eval: EvalSettings = EvalSettings()
     """Win rate vs the initial policy."""
     diagnostics: DiagnosticsSettings = DiagnosticsSettings()
-    """OAIF Appendix B's off-policy gap (``pofe.training.diagnostics``)."""
+    """OAIF Appendix B's off-policy gap (``pofe.loops.online.diagnostics``)."""
     reference: ReferenceSettings = ReferenceSettings()
     """Where pi_0's log-probs come from: the trainer's frozen copy, or the annotator's vLLM engine
-    (``pofe.training.engine_reference``)."""
+    (``pofe.loops.online.reference``)."""
     audit: DriftSettings = DriftSettings()
-    """Judge drift: the live annotator re-audited every ``audit.every`` steps (``pofe.training.drift``)."""
+    """Judge drift: the live annotator re-audited every ``audit.every`` steps (``pofe.evaluation.drift``)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Resumable checkpoints."""
     log: LogConfig = LogConfig()
@@ -190,8 +190,8 @@ class OnlineRecipe(Recipe):
         from pofe.evaluation.vs_initial import initial_responses
         from pofe.generation import make_generator
         from pofe.runs import JsonlWriter
-        from pofe.training.annotator import build_judges, reference_to_bf16
-        from pofe.training.pair_sources import make_source
+        from pofe.loops.online.annotator import build_judges, reference_to_bf16
+        from pofe.loops.online.pair_sources import make_source
 
         cfg, acc, tok = self.cfg, run.acc, self.tokenizer
         self.ddp, self.optimizer = (self.model, self.optimizer) if run.sharded else acc.prepare(self.model, self.optimizer)
@@ -217,7 +217,7 @@ class OnlineRecipe(Recipe):
     def step(self, step: int) -> dict[str, Any]:
         from pofe.evaluation.vs_initial import evaluate_vs_initial
         from pofe.runtime import fault_point, seed_everything
-        from pofe.training.dap_step import dap_update, step_row
+        from pofe.loops.online.step import dap_update, step_row
         from pofe.runtime.parallel import step_seed
 
         cfg, acc = self.cfg, self.run.acc
@@ -251,7 +251,7 @@ class OnlineRecipe(Recipe):
         return {**self.source.state(), **ref}  # every process: the label buffers (and judge usage) gathered there
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        from pofe.training.metrics import online_summary
+        from pofe.loops.online.metrics import online_summary
 
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
         more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history), **self.source.summary(history),

@@ -31,11 +31,11 @@ from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
 from pofe.recipe import checkpoint_due
 from pofe.records import Prompt
 from pofe.runs import JsonlWriter
-from pofe.training.annotator import computes_on_pi0_tensors
-from pofe.training.dap import TokenPair, tokenize_pair
-from pofe.training.online_pairs import label_annotations, sample_and_annotate, zero_counts
+from pofe.loops.online.annotator import computes_on_pi0_tensors
+from pofe.loops.online.dap import TokenPair, tokenize_pair
+from pofe.loops.online.online_pairs import label_annotations, sample_and_annotate, zero_counts
 from pofe.runtime.parallel import gather, sampling_seed
-from pofe.training.prefetch import Prefetch
+from pofe.loops.online.prefetch import Prefetch
 
 
 def load_data(cfg) -> tuple[list, list[Prompt]]:

@@ -1,5 +1,5 @@
 """One ``pofe rl`` step (sample -> score -> one group-baseline policy-gradient update), the
-held-out measurement, and the prompts of a step; the pieces are in :mod:`pofe.training.rl`."""
+held-out measurement, and the prompts of a step; the pieces are in :mod:`pofe.loops.rl.policy_gradient`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from pofe.generation import SamplingConfig
 from pofe.runtime.parallel import DataParallel, merge_metrics
 from pofe.runtime.precision import autocast
-from pofe.training.rl import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
+from pofe.loops.rl.policy_gradient import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
                               token_logprobs)
 from pofe.runtime.step import optimizer_step
 

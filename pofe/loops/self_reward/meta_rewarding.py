@@ -2,7 +2,7 @@
 ``pofe self-reward`` (``meta_judge.enabled``, off by default).
 
 The model M_{t-1} plays three roles in iteration t (pofe's numbering: iteration t samples and
-judges with M_{t-1}, see :mod:`pofe.training.self_reward_variants`):
+judges with M_{t-1}, see :mod:`pofe.loops.self_reward.self_reward_variants`):
 
 * **actor** -- the N candidates per prompt of :mod:`pofe.generation.candidates`, scored by
   ``judge``. Their pairs are **length-controlled** (Sec. 2.3): with S_max / S_min the best and
@@ -34,7 +34,7 @@ judges with M_{t-1}, see :mod:`pofe.training.self_reward_variants`):
 DPO trains on actor pairs and judge pairs together (``role: actor`` / ``role: judge`` in
 ``data/aift.jsonl``); the iteration's record holds the counts (``meta_judge``).
 
-Stages keep the rule of :mod:`pofe.training.self_reward_stages`: each output is a file under
+Stages keep the rule of :mod:`pofe.loops.self_reward.self_reward_stages`: each output is a file under
 ``iter_t/data/`` skipped when present, work is split by prompt block (``dp.map``) and only
 rank 0 writes.
 """
@@ -54,7 +54,7 @@ from pofe.judges.pointwise import parse_rubric_score
 from pofe.runs import read_jsonl
 from pofe.runtime.guards import fault_point
 from pofe.runtime.parallel import DataParallel
-from pofe.training.stages import write_jsonl
+from pofe.loops.self_reward.stages import write_jsonl
 
 ONE = DataParallel()
 

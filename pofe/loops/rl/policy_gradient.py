@@ -184,12 +184,12 @@ class JudgeScoreReward(RewardFn):
 
 class PairwiseTournamentReward(RewardFn):
     """A pairwise judge's tournament among each prompt's samples as the reward
-    (:mod:`pofe.training.tournament`): mean soft win score or per-group Bradley–Terry
+    (:mod:`pofe.loops.rl.tournament`): mean soft win score or per-group Bradley–Terry
     strength; unreadable comparisons masked and counted. ``info["metrics"]`` holds the
     ``reward/...`` numbers of the call (judge calls per group, unreadable, ties, BT spread)."""
 
     def __init__(self, judge, **settings):
-        from pofe.training.tournament import Tournament
+        from pofe.loops.rl.tournament import Tournament
 
         self.tournament = Tournament(judge, **settings)
         self.judge = self.tournament.judge

@@ -66,5 +66,5 @@ def annotation_row(*, pair_id: str, step: int, rank: int, prompt, a, b, judgment
 
 
 def loss_row(ps, step: int) -> dict[str, Any]:
-    """A ``kind: "loss"`` row from a :class:`pofe.training.dap.PairStats`."""
+    """A ``kind: "loss"`` row from a :class:`pofe.loops.online.dap.PairStats`."""
     return {"kind": "loss", "pair_id": ps.pair_id, "step": step, "loss": ps.loss, "margin": ps.margin, "p": ps.p}

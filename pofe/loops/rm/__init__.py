@@ -8,7 +8,7 @@ case. The seed mixes AI harmlessness labels with human helpfulness pairs; ``data
 takes several sources (``pofe label`` output, ``hh-rlhf:helpful``, any PreferencePair jsonl).
 
 The model is a sequence-classification head (``num_labels = 1``) on any causal LM, full
-fine-tuning or LoRA (:mod:`pofe.training.reward_model`); it is saved to ``<run>/final`` as a
+fine-tuning or LoRA (:mod:`pofe.loops.rm.reward_model`); it is saved to ``<run>/final`` as a
 plain ``AutoModelForSequenceClassification`` directory, so the ``reward-model`` judge
 (P(A ≻ B) = σ(r_A − r_B)) and ``pofe rl`` load it directly.
 
@@ -38,7 +38,7 @@ from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
 from pofe.runtime.precision import Precision
-from pofe.training.rm_step import batch_schedule, rm_step
+from pofe.loops.rm.step import batch_schedule, rm_step
 from pofe.runtime.tracking import LogConfig
 
 __all__ = ["RMConfig", "RMRecipe", "run", "rm_step", "batch_schedule", "hardened", "split_pairs"]
@@ -137,7 +137,7 @@ class RMRecipe(Recipe):
 
     def setup(self, run: RunContext) -> None:
         from pofe.runtime import make_optimizer, make_scheduler
-        from pofe.training.reward_model import load_reward_model, wrap_reward_model
+        from pofe.loops.rm.reward_model import load_reward_model, wrap_reward_model
 
         cfg = self.cfg
         if self.model is None:
@@ -163,7 +163,7 @@ class RMRecipe(Recipe):
                  cfg.data.labels, self.total_steps)
 
     def evaluate(self):
-        from pofe.training.reward_model import evaluate_reward_model
+        from pofe.loops.rm.reward_model import evaluate_reward_model
 
         cfg = self.cfg
         return evaluate_reward_model(self.model, self.tokenizer, self.eval_pairs, batch_size=cfg.train.batch_size,
@@ -185,7 +185,7 @@ class RMRecipe(Recipe):
         return {"eval_before": self.before}
 
     def save_final(self, out: Path) -> Path | None:
-        from pofe.training.reward_model import save_reward_model
+        from pofe.loops.rm.reward_model import save_reward_model
 
         cfg = self.cfg
         return save_reward_model(self.unwrapped(), self.tokenizer, out, max_length=cfg.max_length, labels=cfg.data.labels,

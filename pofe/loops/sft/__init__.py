@@ -30,7 +30,7 @@ from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
 from pofe.runtime.precision import Precision
-from pofe.training.sft_step import batch_indices, sft_step, tokenize_examples
+from pofe.loops.sft.step import batch_indices, sft_step, tokenize_examples
 from pofe.runtime.tracking import LogConfig
 
 log = logging.getLogger(__name__)

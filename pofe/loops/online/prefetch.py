@@ -4,7 +4,7 @@ TRL's asynchronous GRPO (``max_staleness``), with the staleness fixed at 1.
 
 Why a thread, not a process: vLLM runs in-process (weight syncs write the engine's tensors), and
 the heavy parts on both sides (vLLM's kernels, torch's autograd) release the GIL. What the thread
-may touch is limited by its source (:class:`pofe.training.pair_sources.AsyncSource`): the prompt
+may touch is limited by its source (:class:`pofe.loops.online.pair_sources.AsyncSource`): the prompt
 cursor, the sampling engine, the annotator and the tokenizer, none of which the training step
 uses; collectives and ledger writes stay on the main thread (``OnlineSource.publish``), and the
 engine is synced only when nothing is in flight.

@@ -30,7 +30,7 @@ _ALIASES = {"first_position_bias": "position_bias"}  # |first-position win rate 
 
 
 class DriftSettings(PofeConfig):
-    """Re-audit the live judge during training (``pofe.training.drift``)."""
+    """Re-audit the live judge during training (``pofe.evaluation.drift``)."""
 
     every: int = Field(0, ge=0)
     """Every N steps, judge the calibration set and the contrast probes with the live judge and log each audit

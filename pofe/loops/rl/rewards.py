@@ -11,11 +11,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pofe.config import ConfigError, PofeConfig
 from pofe.judges.base import Capability, require_capability
 from pofe.judges.config import JudgeConfig
-from pofe.training.rl import JudgeScoreReward, LengthReward, RewardFn, RewardFunctionName, plugin_reward
+from pofe.loops.rl.policy_gradient import JudgeScoreReward, LengthReward, RewardFn, RewardFunctionName, plugin_reward
 
 
 class PairwiseRewardConfig(PofeConfig):
-    """``reward.kind: pairwise``: how each prompt's samples are compared (``pofe.training.tournament``)."""
+    """``reward.kind: pairwise``: how each prompt's samples are compared (``pofe.loops.rl.tournament``)."""
 
     pattern: Literal["all-pairs", "circular", "chunked"] = "all-pairs"
     """Matchups per group of k samples: all-pairs (k(k-1)/2), circular (i vs i+1 mod k: k) or chunked
@@ -56,7 +56,7 @@ class PairwiseRewardConfig(PofeConfig):
 
 
 class RewardShapingConfig(PofeConfig):
-    """Group length and style shaping of the optimised reward (``pofe.training.rl.group_shaping``):
+    """Group length and style shaping of the optimised reward (``pofe.loops.rl.policy_gradient.group_shaping``):
     each term is coefficient x feature, centred within each prompt's group of k samples, so a group's
     mean reward is unchanged and only the ranking inside it moves."""
 
@@ -150,7 +150,7 @@ def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> Rewar
             return plugin_reward(cfg.function)
         return LengthReward(prefer=cfg.prefer, unit=cfg.unit, scale=cfg.scale, max_new_tokens=max_new_tokens)
     if cfg.kind == "pairwise":
-        from pofe.training.rl import PairwiseTournamentReward
+        from pofe.loops.rl.policy_gradient import PairwiseTournamentReward
 
         pw = cfg.pairwise
         calib = None

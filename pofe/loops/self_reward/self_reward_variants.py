@@ -24,9 +24,9 @@
   judge scores them, and a pair's chosen is replaced by the best of them when it scores higher
   than the chosen (never by the rejected's text); the iteration's DPO then trains M_t from
   M_{t-1} on these pairs. The record counts the replaced chosen (``temporal.future``).
-* **Meta-Rewarding** (``meta_judge.enabled``): :mod:`pofe.training.meta_rewarding`.
+* **Meta-Rewarding** (``meta_judge.enabled``): :mod:`pofe.loops.self_reward.meta_rewarding`.
 
-Every new computation keeps the stage structure of :mod:`pofe.training.self_reward_stages`:
+Every new computation keeps the stage structure of :mod:`pofe.loops.self_reward.self_reward_stages`:
 its output is a file under ``iter_t/data/`` (``cream_scores.jsonl``, ``anchor_candidates.jsonl``,
 ``future_candidates.jsonl``; M_t' is the DPO run ``iter_t/future/``) skipped when present, scoring and generation are split by prompt block (``dp``) and only rank
 0 writes.
@@ -43,9 +43,9 @@ from pofe.config import PofeConfig
 from pofe.evaluation.stats import kendall_tau_b
 from pofe.data.aift import build_pairs
 from pofe.runs import read_jsonl
-from pofe.training.meta_rewarding import meta_rewarding_pairs
+from pofe.loops.self_reward.meta_rewarding import meta_rewarding_pairs
 from pofe.runtime.parallel import DataParallel
-from pofe.training.stages import write_jsonl
+from pofe.loops.self_reward.stages import write_jsonl
 
 
 class CreamSettings(PofeConfig):

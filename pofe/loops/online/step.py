@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pofe.training.dap import DapResult, TokenPair, dap_backward
-from pofe.training.ledger import loss_row
-from pofe.training.metrics import step_metrics
+from pofe.loops.online.dap import DapResult, TokenPair, dap_backward
+from pofe.loops.online.ledger import loss_row
+from pofe.loops.online.metrics import step_metrics
 from pofe.runtime.parallel import gather, reduce_sum
 from pofe.runtime.step import optimizer_step
 from pofe.runtime.zero import ZeroOptimizer

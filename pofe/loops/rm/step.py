@@ -14,7 +14,7 @@ from pofe.records import PreferencePair
 from pofe.runtime.activations import lean_activations
 from pofe.runtime.parallel import DataParallel
 from pofe.runtime.precision import autocast
-from pofe.training.reward_model import pair_prompt, rewards
+from pofe.loops.rm.reward_model import pair_prompt, rewards
 from pofe.runtime.step import optimizer_step
 
 
