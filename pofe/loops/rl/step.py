@@ -150,6 +150,12 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
     vals = [v for v in raw if v is not None]
     out = {"reward": sum(vals) / len(vals) if vals else None, "length": sum(c.num_tokens for c in comps) / len(comps),
            "chars": sum(len(c.text) for c in comps) / len(comps), "n": len(comps)}
+    if vals:  # before vs after is a comparison of two means: each with its 95% interval (the report's error bars)
+        import numpy as np
+
+        from pofe.evaluation.stats import bootstrap_ci
+
+        out["reward_ci95"] = [float(x) for x in bootstrap_ci(np.asarray(vals, dtype=float))]
     if monitor_fn is not None:
         mv = [v for v in monitor_fn(xs, comps)[0] if v is not None]
         out["monitor"] = sum(mv) / len(mv) if mv else None
