@@ -48,7 +48,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -367,6 +367,18 @@ def input_files(cfg: BaseModel | dict) -> list[tuple[str, str]]:
     pairs, preferences, calibration reports, template and constitution files, ...): each
     string value, or string in a list, that is the path of a file. Outputs and caches are left
     out."""
+    def is_file(node: str) -> bool:
+        try:
+            return os.path.isfile(os.path.expanduser(node))
+        except (OSError, ValueError):
+            return False
+
+    return _config_paths(cfg, is_file)
+
+
+def _config_paths(cfg: BaseModel | dict, keep: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """(dotted key, value) of every one-line string of the config (in lists too, outputs and caches
+    left out) for which ``keep(value)`` holds."""
     data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
     out: list[tuple[str, str]] = []
 
@@ -378,12 +390,8 @@ def input_files(cfg: BaseModel | dict) -> list[tuple[str, str]]:
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 walk(v, f"{key}[{i}]")
-        elif isinstance(node, str) and node and "\n" not in node and len(node) < 4096:
-            try:
-                if os.path.isfile(os.path.expanduser(node)):
-                    out.append((key, node))
-            except (OSError, ValueError):
-                pass
+        elif isinstance(node, str) and node and "\n" not in node and len(node) < 4096 and keep(node):
+            out.append((key, node))
 
     walk(data, "")
     return out
@@ -395,22 +403,7 @@ def model_folders(cfg: BaseModel | dict) -> list[tuple[str, str]]:
     fingerprint (:func:`pofe.model_folders.fingerprint`) so that a resume on other weights is refused."""
     from pofe.model_folders import is_model_folder
 
-    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
-    out: list[tuple[str, str]] = []
-
-    def walk(node: Any, key: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if str(k) not in _NOT_INPUTS:
-                    walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(node, str) and node and "\n" not in node and len(node) < 4096 and is_model_folder(node):
-            out.append((key, node))
-
-    walk(data, "")
-    return out
+    return _config_paths(cfg, is_model_folder)
 
 
 def write_manifest(run_dir: str | Path, cfg: BaseModel) -> Path:
