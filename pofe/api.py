@@ -190,7 +190,7 @@ def judge_pairs(judge: Any, prompts: Sequence[str], responses_a: Sequence[str], 
     reads in ``p_ab`` / ``p_ba``, ``None`` where the judge could not read a verdict (never
     invented). ``judge``: a judge object (:func:`pofe.judges.build_judge`) or its config as a dict;
     a pointwise judge compares the two scores. ``pofe judge`` does the same on a file."""
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.judges.base import as_pairwise
 
     judge = as_pairwise(_judge(judge))
@@ -242,7 +242,7 @@ def label_prompts(model: Any, prompts: Sequence[str], judge: Any, *, tokenizer: 
 def _calibration_items(items: Any) -> list:
     """CalibrationItems from items, dicts (prompt, response_a, response_b, label) or files."""
     from pofe.data.calibration import CalibrationItem, load_calibration
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.data.preferences import normalise_label
 
     if isinstance(items, (str, Path)):

@@ -31,3 +31,10 @@ class ModelError(PofeError):
     ``str(e)`` is one line naming the file; the CLI exits 2 with it."""
 
     exit_code = 2
+
+
+class DataError(PofeError, ValueError):
+    """An input that cannot be read; ``str(e)`` is one line naming the file, the line or row,
+    and the field. (A ``ValueError`` so callers that report bad input with exit 2 catch it.)"""
+
+    exit_code = 2

@@ -558,7 +558,7 @@ def _check_vocabulary(path: str, model, tok) -> None:
 
 def apply_chat_template(tokenizer, prompt: str | list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
     """Render a prompt with the tokenizer's chat template when it has one, else as raw text."""
-    from pofe.data.chat import neutralise_messages  # data text must not forge control tokens
+    from pofe.chat_control import neutralise_messages  # data text must not forge control tokens
 
     messages = neutralise_messages(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
     if getattr(tokenizer, "chat_template", None):

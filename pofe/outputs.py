@@ -15,7 +15,7 @@ output is checked against
 * **its own shape** -- a file output that is a folder, a folder output that is a file, or a
   parent path that is a file.
 
-A refusal is a :class:`~pofe.data.io.DataError` (exit 2) of one line naming the flag, the
+A refusal is a :class:`~pofe.errors.DataError` (exit 2) of one line naming the flag, the
 path and what writing there would destroy.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.paths import default_judge_cache_path
 
 __all__ = ["check_output", "guard_outputs", "live_run_holding", "judge_inputs"]

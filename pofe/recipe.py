@@ -228,7 +228,7 @@ def rewind_output(path: Path, size: int) -> int:
 def rewind_metrics(path: Path, step: int) -> int:
     """Keep only the rows of ``metrics.jsonl`` whose ``step`` is at most ``step`` (and cut a torn last
     line); returns how many were dropped. A resumed run recomputes them identically."""
-    from pofe.data.io import json_lines
+    from pofe.jsonl import json_lines
 
     if not os.path.lexists(path):  # a planted link is refused by read_jsonl, never skipped or followed
         return 0

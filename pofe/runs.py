@@ -642,7 +642,7 @@ class JsonlWriter:
         self._f = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        from pofe.data.io import json_line
+        from pofe.jsonl import json_line
 
         self._f.write(json_line(_clean(row)) + "\n")
         self._f.flush()
@@ -667,7 +667,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     resume or report: a torn last line is what a crash mid-write leaves, so it is skipped;
     any other bad line is an error. Never use this for inputs -- a user's file with a bad
     last line must be a located error: use :func:`pofe.data.io.read_rows`."""
-    from pofe.data.io import is_blank_line, iter_jsonl_lines
+    from pofe.jsonl import is_blank_line, iter_jsonl_lines
 
     rows = []
     text = read_run_text(path) if check_run_path(path) else Path(path).read_text(encoding="utf-8")

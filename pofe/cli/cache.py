@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from pofe.cli.common import JsonOpt, emit_json, fail
-from pofe.data.io import json_line
+from pofe.jsonl import json_line
 
 PathOpt = typer.Option(None, "--path", help="Cache file (default: $POFE_HOME/judge-cache.sqlite).")
 

@@ -4,6 +4,7 @@
 responses (:mod:`~pofe.data.eft`); exports to TRL / alpaca_eval / ``datasets``
 (:mod:`~pofe.data.export`). Every command's input goes through here."""
 
-from pofe.data.io import DataError, read_located, read_rows
+from pofe.data.io import read_located, read_rows
+from pofe.errors import DataError
 
 __all__ = ["DataError", "read_located", "read_rows"]

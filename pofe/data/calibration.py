@@ -38,7 +38,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pofe.data.io import DataError, json_line, read_located
+from pofe.data.io import read_located
+from pofe.errors import DataError
+from pofe.jsonl import json_line
 from pofe.data.preferences import Label, check_one_shape, normalise_label, to_pair
 from pofe.data.prompts import to_prompt
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, Sequence
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.data.io import DataError, number, read_located
+from pofe.data.io import number, read_located
+from pofe.errors import DataError
 from pofe.data.preferences import to_pair
 
 
@@ -208,7 +209,7 @@ def write_eft_files(data_dir: Path, build: Sequence[RankedPrompt], held_out: Seq
     -> ``eft_train.jsonl`` and ``eft_stats.json``; the held-out split -> ``rm_eval.jsonl``."""
     import json
 
-    from pofe.data.io import json_lines
+    from pofe.jsonl import json_lines
     from pofe.runs import atomic_write_text
 
     rows, stats = build_eft(build, judge, rubric_renderer(judge), rebalance_ratio=rebalance_ratio, seed=seed)

@@ -37,7 +37,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pofe.data.io import DataError, json_line, json_lines, read_located
+from pofe.data.io import read_located
+from pofe.errors import DataError
+from pofe.jsonl import json_line, json_lines
 from pofe.data.preferences import to_pair
 from pofe.outputs import guard_outputs
 from pofe.records import PreferencePair

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pofe.data.io import json_line
+from pofe.jsonl import json_line
 from pofe.labels import LabelPolicy, calibration_map
 from pofe.records import Judgment, PreferencePair
 

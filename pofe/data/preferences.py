@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pofe.data.chat import check_messages, hh_messages, is_hh_transcript, transcript
-from pofe.data.io import DataError, number, read_located
+from pofe.data.io import number, read_located
+from pofe.errors import DataError
 from pofe.records import PreferencePair
 
 _PROVENANCE = ("judge_id", "template_hash", "template_id", "principle_id", "constitution_version", "step", "pair_id")

@@ -35,7 +35,8 @@ from pofe.data.chat import (
     split_prompt,
     transcript,
 )
-from pofe.data.io import DataError, read_located
+from pofe.data.io import read_located
+from pofe.errors import DataError
 from pofe.records import Prompt
 
 TEXT_FIELDS = ("goal", "question", "query", "input", "text")

@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.records import PreferencePair
 
 

@@ -28,7 +28,8 @@ from pofe.data.chat import (
     is_messages,
     split_prompt,
 )
-from pofe.data.io import DataError, read_located
+from pofe.data.io import read_located
+from pofe.errors import DataError
 from pofe.data.prompts import PROMPT_FIELDS, to_prompt
 from pofe.records import SFTExample
 

@@ -19,37 +19,14 @@ The map is stored in the audit report under ``calibration.map`` and applied with
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import isotonic_regression, minimize_scalar
 from scipy.special import expit, logit
 
-from pofe.data.io import DataError
+from pofe.labels import _EPS, T_MAX, apply_calibration, no_information, no_information_reason
 from pofe.evaluation.stats import wilson_interval
-
-_EPS = 1e-6
-
-T_MAX = 100.0
-"""The upper bound of the temperature search (the lower one is 1 / T_MAX)."""
-NO_INFO_T = 99.0
-"""A fitted T at or above this (within 1% of :data:`T_MAX`) has hit the bound: the likelihood
-kept rising as T grew, i.e. the best temperature map sends every p to 1/2. The judge's p then
-carries no information about the human label (its agreement is at or below chance), and a
-"calibrated" T = 100 would turn every training label into a coin flip."""
-
-
-def no_information(t: float | None) -> bool:
-    """Whether a fitted temperature sits at the search's upper bound (see :data:`NO_INFO_T`)."""
-    return t is not None and float(t) >= NO_INFO_T
-
-
-def no_information_reason(t: float) -> str:
-    return (f"the fitted temperature T = {float(t):.2f} is at its bound ({T_MAX:.0f}): the judge's p carries no "
-            "information about the human labels (every calibrated p would be about 0.5)")
-
 
 def _arrays(p, y) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(p, dtype=float)
@@ -125,50 +102,6 @@ def fit_isotonic(p: Sequence[float], y: Sequence[float]) -> dict[str, list[float
         xs.append(float(x))
         ys.append(float(f))
     return {"x": xs, "y": ys}
-
-
-def apply_calibration(p: float | None, calib: dict[str, Any] | None) -> float | None:
-    """The calibrated p of one label under ``calib`` (an audit report's ``calibration.map``):
-    ``{"method": "temperature", "temperature": T}`` or ``{"method": "isotonic", "x": [...],
-    "y": [...]}``; ``None``/``{"method": "none"}`` is the identity. ``p = None`` (unparsed)
-    stays None: calibration never invents a label."""
-    if p is None or not calib or calib.get("method") in (None, "none"):
-        return p
-    method = calib["method"]
-    if method == "temperature":
-        t = float(calib["temperature"])
-        return float(expit(logit(min(1 - _EPS, max(_EPS, p))) / t))
-    if method == "isotonic":
-        return float(np.interp(p, calib["x"], calib["y"]))
-    raise ValueError(f"calibration map: unknown method {method!r} (temperature, isotonic, none)")
-
-
-def load_calibration_map(report_path: str | Path) -> dict[str, Any]:
-    """The fitted map saved in an audit report (``metrics.calibration.map``), for
-    :func:`apply_calibration`, with its provenance (``source``, ``judge``,
-    ``calibration_sha256``) for the ledger and the judge's ``agreement`` there (a jury's
-    ``weights: agreement``)."""
-    path = Path(report_path)
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"calibration: audit report not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"calibration: {path} is not valid JSON ({e.msg})") from None
-    cal = (report.get("metrics") or {}).get("calibration") or {}
-    if "map" not in cal:
-        raise ValueError(f"calibration: {path} has no metrics.calibration.map (re-run `pofe audit` to fit one)")
-    cmap = cal["map"] if isinstance(cal["map"], dict) else {}
-    # Refused, not applied: a map fitted at the bound would flatten every training label to ~0.5.
-    # A report written before the "no_information" marker is caught by its temperature.
-    t = cmap.get("temperature") if cmap.get("method") == "temperature" else cmap.get("fitted_temperature")
-    if cmap.get("no_information") or (isinstance(t, (int, float)) and no_information(t)):
-        why = no_information_reason(t) if isinstance(t, (int, float)) else "its map is marked no_information"
-        raise DataError(f"calibration: {path}: {why}; refused: applied to labels it would make every one a coin flip")
-    # Provenance rides along (apply_calibration ignores it); the ledger records it with p_raw.
-    return {**cal["map"], "source": str(path), "judge": report.get("judge"),
-            "calibration_sha256": (report.get("calibration") or {}).get("sha256"),
-            "agreement": (report.get("metrics") or {}).get("agreement")}
 
 
 def calibration_report(p: Sequence[float], y: Sequence[float], *, method: str = "temperature", bins: int = 10,

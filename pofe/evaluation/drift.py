@@ -96,9 +96,9 @@ class DriftMonitor:
 
     @classmethod
     def load(cls, settings: DriftSettings, seed: int = 0) -> "DriftMonitor | None":
-        """None when ``audit.every`` is 0; a :class:`pofe.data.io.DataError` names an unreadable file."""
+        """None when ``audit.every`` is 0; a :class:`pofe.errors.DataError` names an unreadable file."""
         from pofe.data.calibration import load_calibration
-        from pofe.data.io import DataError
+        from pofe.errors import DataError
 
         if not settings.every:
             return None

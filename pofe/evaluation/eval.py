@@ -157,7 +157,8 @@ def load_prompts(path: str | Path) -> list[str]:
 def load_responses(path: str | Path) -> dict[str, str]:
     """prompt -> response from a file of {prompt, response} rows (alpaca_eval outputs'
     ``instruction``/``output`` too), read by the data layer; errors name the row."""
-    from pofe.data.io import DataError, read_located
+    from pofe.data.io import read_located
+    from pofe.errors import DataError
     from pofe.data.prompts import to_prompt
 
     out: dict[str, str] = {}
@@ -322,7 +323,8 @@ def load_turns(source: str | Path) -> list[dict[str, Any]] | None:
     """FastChat ``question.jsonl`` rows ``{question_id, category, turns: [t1, t2]}`` (a file or
     the ``mt-bench`` adapter, read by the data layer), or None when the source is not one (no
     ``turns`` in its first row)."""
-    from pofe.data.io import DataError, read_located
+    from pofe.data.io import read_located
+    from pofe.errors import DataError
 
     rows = read_located(source).items
     if not rows or "turns" not in rows[0][1]:

@@ -24,7 +24,7 @@ from pydantic import Field
 from pofe.config import PofeConfig
 from pofe.generation.sampling import SamplingConfig, generate
 from pofe.runs import JsonlWriter, atomic_write_text, read_jsonl
-from pofe.data.io import json_line
+from pofe.jsonl import json_line
 from pofe.runtime.guards import fault_point
 from pofe.runtime.parallel import DataParallel, block_seed
 

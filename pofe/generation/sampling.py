@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from pofe.config import ConfigError
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.generation.base import Generator, SamplingConfig, VLLMSettings
 from pofe.generation.tokens import _cut_at_eos, _eos_ids, _render
 from pofe.records import Completion

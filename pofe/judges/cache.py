@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pofe.judges.config import CacheConfig
-from pofe.data.io import json_line
+from pofe.jsonl import json_line
 from pofe.paths import default_judge_cache_path
 
 log = logging.getLogger(__name__)

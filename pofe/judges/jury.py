@@ -82,7 +82,7 @@ class JuryJudge:
 
     def __init__(self, members: Sequence[Any], weights: Sequence[float] | None = None,
                  calibrations: Sequence[dict[str, Any] | None] | None = None, *, judge_id: str | None = None):
-        from pofe.evaluation.calibrate import apply_calibration
+        from pofe.labels import apply_calibration
 
         n = len(members)
         if n < 2:

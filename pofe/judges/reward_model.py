@@ -57,7 +57,7 @@ class RewardModelJudge:
         self.id = f"reward-model:{model_name or getattr(model.config, '_name_or_path', 'in-memory')}"
 
     def _render(self, prompt: str, response: str) -> str:
-        from pofe.data.chat import neutralise_messages  # as training rendered them (pofe.models.apply_chat_template)
+        from pofe.chat_control import neutralise_messages  # as training rendered them (pofe.models.apply_chat_template)
 
         msgs = neutralise_messages(self.tokenizer, [{"role": "user", "content": prompt},
                                                     {"role": "assistant", "content": response}])

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from pofe.config import safe_yaml_load
 
-from pofe.data.chat import CHAT_CONTROL_STRINGS, break_control
+from pofe.chat_control import CHAT_CONTROL_STRINGS, break_control
 
 # Chat-control strings of every common template family (an endpoint's tokenizer is not
 # visible here); a backend with a tokenizer in this process adds its own special tokens.

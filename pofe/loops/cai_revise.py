@@ -36,7 +36,7 @@ from pydantic import Field, field_validator
 
 from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
 from pofe.data.cai_sets import load_limited, mix_sft, preference_pairs, sft_set
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.evaluation.cai_stats import chunk_metrics, refusal_summary, revision_stats
 from pofe.generation import SamplingConfig
 from pofe.generation.critique import Trace, critique_revise, load_cai_constitution
@@ -208,7 +208,7 @@ class CaiReviseRecipe(Recipe):
 
     def save_final(self, out: Path) -> Path | None:
         """sft.jsonl and preferences.jsonl from every revisions.jsonl row (no weights, no ``final/``)."""
-        from pofe.data.io import json_line
+        from pofe.jsonl import json_line
         from pofe.runs import atomic_write_text, read_jsonl
 
         cfg, d = self.cfg, self.run_dir

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.recipe import Recipe, RunContext, drive
@@ -72,7 +72,8 @@ def load_rows(cfg: JudgeCommandConfig, pointwise: bool) -> list[dict[str, Any]]:
     """The rows to judge as ``{prompt, response_a[, response_b], reference, id}``, read by the
     data layer; a missing field or a bad row is a located error (or, with ``data.skip_bad_rows``,
     counted)."""
-    from pofe.data.io import DataError, read_located
+    from pofe.data.io import read_located
+    from pofe.errors import DataError
     from pofe.data.prompts import to_prompt
 
     data = cfg.data

@@ -95,7 +95,7 @@ def _cases():
     from pofe.annotate.log import LogInUse, LogWriteError
     from pofe.annotate.server import ServeError
     from pofe.config import ConfigError, YAMLInputError
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.evaluation.audit import AuditError
     from pofe.evaluation.report import RunFolderNotFound
     from pofe.generation.vllm import EngineSyncError

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pofe.data.io import DataError, read_located, read_rows
+from pofe.data.io import read_located, read_rows
+from pofe.errors import DataError
 
 SYS = {"role": "system", "content": "Answer in one word."}
 U1 = {"role": "user", "content": "Name a fruit."}

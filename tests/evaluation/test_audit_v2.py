@@ -14,7 +14,8 @@ from pofe.data.calibration import CalibrationItem
 from pofe.evaluation.audit import (
     AuditConfig, calibration_metrics, cohen_kappa, human_human_agreement, run_audit, write_audit,
 )
-from pofe.evaluation.calibrate import apply_calibration, brier, ece, fit_temperature, load_calibration_map
+from pofe.evaluation.calibrate import brier, ece, fit_temperature
+from pofe.labels import apply_calibration, load_calibration_map
 from pofe.evaluation.sim import PlantedJudge, PlantedWorld
 from pofe.records import Judgment
 

@@ -13,7 +13,8 @@ from pydantic import Field
 import pofe.evaluation.report.audit_page as audit_page
 from pofe.config import ConfigError, PofeConfig, load_config
 from pofe.evaluation.audit import AuditConfig, audit_from_config, format_audit
-from pofe.evaluation.calibrate import calibration_report, fit_temperature, load_calibration_map
+from pofe.evaluation.calibrate import calibration_report, fit_temperature
+from pofe.labels import load_calibration_map
 from pofe.evaluation.report.audit_page import audit_html
 from pofe.judges.config import JuryJudgeConfig
 from pofe.labels import LabelPolicy, calibration_map

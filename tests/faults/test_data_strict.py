@@ -17,7 +17,8 @@ from pofe.cli.main import describe_error
 from pofe.config import ConfigError, load_config, parse_override
 from pofe.constitutions import load_constitution
 from pofe.data.eft import load_ranked
-from pofe.data.io import DataError, read_rows
+from pofe.data.io import read_rows
+from pofe.errors import DataError
 from pofe.data.preferences import load_preferences
 from pofe.judges.templates import load_template
 from pofe.loops.online import OnlineConfig

@@ -17,7 +17,8 @@ import pytest
 
 from _cli import error_lines, invoke
 from pofe.data.calibration import CalibrationItem, load_calibration_file, write_calibration
-from pofe.data.io import iter_jsonl_lines, json_line, json_lines, read_rows
+from pofe.data.io import read_rows
+from pofe.jsonl import iter_jsonl_lines, json_line, json_lines
 from pofe.data.preferences import load_preferences
 
 pytestmark = pytest.mark.faults

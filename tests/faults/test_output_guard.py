@@ -195,7 +195,7 @@ def test_report_out_into_a_live_run_folder_is_refused(tmp_path, live_run):
 
 
 def test_guard_skips_the_run_folder_this_process_holds(tmp_path):
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.outputs import guard_outputs
     from pofe.runs import lock_run, release_run
 
@@ -211,7 +211,7 @@ def test_guard_skips_the_run_folder_this_process_holds(tmp_path):
 
 
 def test_guard_refuses_a_path_under_a_regular_file(tmp_path):
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.outputs import guard_outputs
 
     (tmp_path / "afile").write_text("x")
@@ -223,7 +223,7 @@ def test_guard_refuses_a_path_under_a_regular_file(tmp_path):
 def test_guard_lock_test_does_not_disturb_the_live_run(tmp_path, live_run):
     """After the guard test-locked the live run's .lock, the owner still holds it: a second
     lock attempt from this process is still refused."""
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.outputs import guard_outputs
     from pofe.runs import RunError, lock_run
 

@@ -399,7 +399,7 @@ def test_max_new_tokens_is_checked_against_the_models_context(tiny_model, tokeni
 
 def test_a_prompt_longer_than_the_context_is_one_line_naming_it(tiny_model, tokenizer):
     """A 10 MB prompt in ``pofe online`` tried to allocate 4 TB (no bound on prompt length)."""
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.generation import SamplingConfig, generate
 
     long = "word " * 3000

@@ -7,7 +7,7 @@ from typing import Any
 
 from pofe.evaluation.audit.config import AuditThresholds
 from pofe.evaluation.audit.contrasts import ATTACK_KINDS
-from pofe.evaluation.calibrate import T_MAX
+from pofe.labels import T_MAX
 
 
 def evaluate_checks(metrics: dict[str, Any], th: AuditThresholds) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Any
 
-from pofe.evaluation.calibrate import T_MAX
+from pofe.labels import T_MAX
 from pofe.evaluation.report.figures import _figure, _png, _yerr
 
 log = logging.getLogger(__name__)

@@ -244,7 +244,7 @@ class EndpointBackend:
     @property
     def special_strings(self) -> tuple[str, ...]:
         tok = self.tokenizer
-        from pofe.data.chat import special_token_strings
+        from pofe.chat_control import special_token_strings
 
         return special_token_strings(tok) if tok is not None else ()
 

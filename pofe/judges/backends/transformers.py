@@ -86,7 +86,7 @@ class TransformersBackend(SingleTokenChoices):
 
     @property
     def special_strings(self) -> tuple[str, ...]:
-        from pofe.data.chat import special_token_strings
+        from pofe.chat_control import special_token_strings
 
         return special_token_strings(self.tokenizer)
 

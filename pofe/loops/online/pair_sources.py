@@ -194,7 +194,7 @@ def _check_pair_lengths(model, kept, toks) -> None:
     """A file's pair longer than the model's context is one line naming it, before the policy pass
     sizes its batch from it (a 10 MB prompt asked for terabytes; the sampled path checks its
     prompts in ``check_prompt_lengths``)."""
-    from pofe.data.io import DataError
+    from pofe.errors import DataError
     from pofe.generation.sampling import context_length
 
     ctx = context_length(model)

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pofe.config import MAX_BATCH_SIZE, ConfigError, PofeConfig, Seed
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.generation import SamplingConfig
 from pofe.judges.usage import BudgetMeter, budget_of
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive

@@ -36,7 +36,7 @@ class PairwiseRewardConfig(PofeConfig):
     @classmethod
     def _readable_map(cls, v: str | None) -> str | None:
         if v is not None:
-            from pofe.evaluation.calibrate import load_calibration_map
+            from pofe.labels import load_calibration_map
 
             try:
                 load_calibration_map(v)
@@ -155,7 +155,7 @@ def build_reward(cfg: RewardConfig, *, max_new_tokens: int, judge=None) -> Rewar
         pw = cfg.pairwise
         calib = None
         if pw.calibration:
-            from pofe.evaluation.calibrate import load_calibration_map
+            from pofe.labels import load_calibration_map
 
             calib = load_calibration_map(pw.calibration)
         if judge is None:

@@ -16,7 +16,7 @@ small tournament:
   programmatic or pointwise-derived judge has no position to be biased by. One order keeps
   the judge's position bias, which tilts every all-pairs score toward the lower index;
 * **soft p**, mapped by an audit's fitted calibration map when one is given
-  (:func:`pofe.evaluation.calibrate.apply_calibration`, applied to each verdict the judge
+  (:func:`pofe.labels.apply_calibration`, applied to each verdict the judge
   returns, before the two orders are combined, since that is the p the audit fitted);
 * **score** (:func:`group_scores`): sample i's reward is the mean over its matchups of its
   soft win score (p when it is A, 1 − p when it is B), or its Bradley–Terry strength θ_i of
@@ -216,7 +216,7 @@ def verdict_p(j, calibration: dict | None = None) -> float | None:
     if not (math.isfinite(p) and 0.0 <= p <= 1.0):
         return None
     if calibration:
-        from pofe.evaluation.calibrate import apply_calibration
+        from pofe.labels import apply_calibration
 
         p = apply_calibration(p, calibration)
     return p

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pofe.runs import atomic_write_text
-from pofe.data.io import json_line
+from pofe.jsonl import json_line
 
 
 def stage_seed(seed: int, *parts: Any) -> int:

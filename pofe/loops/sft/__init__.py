@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from pydantic import Field
 
 from pofe.config import MAX_BATCH_SIZE, PofeConfig, Seed
-from pofe.data.io import DataError
+from pofe.errors import DataError
 from pofe.data.sft import SFTExample, load_sft_data, source_counts
 from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
