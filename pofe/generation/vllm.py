@@ -563,6 +563,22 @@ def shared_engine(path: str, settings: VLLMSettings, *, lora_rank: int | None = 
 
 
 # ----------------------------------------------------------------------------- generator
+def check_engine_prompt_lengths(ids, prompts, max_new_tokens: int, max_model_len: int) -> None:
+    """The vLLM engine's form of :func:`pofe.generation.sampling.check_prompt_lengths`: a prompt
+    whose tokens and ``max_new_tokens`` are over ``sampling.vllm.max_model_len`` is one line naming
+    it (vLLM's own refusal was a ValueError, an internal error to the user)."""
+    if not ids:
+        return
+    i = max(range(len(ids)), key=lambda k: len(ids[k]))
+    if len(ids[i]) + max_new_tokens > max_model_len:
+        from pofe.errors import DataError
+
+        p = prompts[i] if isinstance(prompts[i], str) else str(prompts[i][-1].get("content", ""))
+        raise DataError(f"a prompt ({' '.join(p[:40].split())!r}...) is {len(ids[i])} tokens: with "
+                        f"sampling.max_new_tokens={max_new_tokens} that is over the engine's context of {max_model_len} "
+                        f"tokens (sampling.vllm.max_model_len); shorten it or leave it out of the prompts")
+
+
 class VLLMGenerator:
     """The :class:`~pofe.generation.base.Generator` protocol over a pooled vLLM engine,
     bound to one in-process model whose weights it mirrors."""
@@ -768,6 +784,7 @@ class VLLMGenerator:
         tok = self.tokenizer
         ids = [tuple(tok(_render(tok, p) if chat_template else p, add_special_tokens=not chat_template)["input_ids"])
                for p in prompts]
+        check_engine_prompt_lengths(ids, prompts, sampling.max_new_tokens, self.settings.max_model_len)
         # One request per prompt with its own seed: prompts draw independent streams.
         params = [self.sampling_params(n, sampling, seed + i) for i in range(len(prompts))]
         outs = self.engine.generate(ids, params, lora_request=lora_request)

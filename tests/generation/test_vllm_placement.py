@@ -47,3 +47,17 @@ def test_launch_placement_reads_the_launchers_variables():
     assert launch_placement({}) == (1, 0)
     assert launch_placement({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == (2, 1)
     assert launch_placement({"WORLD_SIZE": "", "RANK": ""}) == (1, 0)
+
+
+def test_a_prompt_over_the_engines_context_is_one_line_naming_it():
+    """The vLLM path's bound (the transformers path has check_prompt_lengths): vLLM's own
+    refusal of a prompt over max_model_len was a ValueError, shown as an internal error."""
+    from pofe.errors import DataError
+    from pofe.generation.vllm import check_engine_prompt_lengths
+
+    check_engine_prompt_lengths([(1,) * 100, (2,) * 4], ["a", "b"], 28, 128)  # 100 + 28 = 128 fits
+    with pytest.raises(DataError) as e:
+        check_engine_prompt_lengths([(1,) * 3, (2,) * 101], ["short", "word word  word\n" * 20], 28, 128)
+    assert str(e.value) == ("a prompt ('word word word word word word word wor'...) is 101 tokens: with "
+                            "sampling.max_new_tokens=28 that is over the engine's context of 128 tokens "
+                            "(sampling.vllm.max_model_len); shorten it or leave it out of the prompts")
