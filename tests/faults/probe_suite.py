@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import hashlib
+import importlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -96,8 +98,6 @@ unless it needs a real process (a launcher prefix, an injected kill). The script
 command as a subprocess."""
 
 
-import importlib  # noqa: E402
-import logging  # noqa: E402
 
 
 class _CurrentStderr(logging.StreamHandler):
