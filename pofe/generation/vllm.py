@@ -392,8 +392,24 @@ class Engine:
     def generate(self, prompts, params, lora_request=None):
         from vllm.inputs import TokensPrompt
 
-        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                 lora_request=lora_request, use_tqdm=False)
+        try:
+            return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                     lora_request=lora_request, use_tqdm=False)
+        except BaseException:
+            self._abort_unfinished()
+            raise
+
+    def _abort_unfinished(self) -> None:
+        """Drop the requests a failed ``generate`` left in the engine. vLLM keeps them scheduled, so
+        the pooled engine's next call would run them again and its prefix cache could never be reset
+        ("could not reset its prefix cache" at every later sync): one failure became every later one."""
+        try:
+            engine = self.llm.llm_engine
+            ids = list(engine.output_processor.request_states)
+            if ids:
+                engine.abort_request(ids, internal=True)
+        except Exception as e:  # a vLLM without these internals: the original error is what matters
+            log.warning("vLLM engine: could not drop the requests of a failed call (%s: %s)", type(e).__name__, e)
 
     # -- sync ------------------------------------------------------------------------------
     def load_full(self, weights: Iterable[tuple[str, torch.Tensor]], fp: tuple) -> None:

@@ -28,11 +28,15 @@ assert len(set(_names)) == len(_names), "two probes share a name"
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()  # build_fixtures runs the probes on one thread: not the tests after
     c = P.build_fixtures(tmp_path_factory.mktemp("probes"))
     P.D_ctx[:] = [c]  # probes_outputs' helpers copy from the data folder
     P.IN_PROCESS["on"] = True
     yield c
     P.IN_PROCESS["on"] = False
+    torch.set_num_threads(threads)
 
 
 def test_the_suite_holds_every_class():

