@@ -15,7 +15,7 @@ inputs and recompute the elementwise rest in the backward (no matmul is recomput
 attention's softmax and its inputs' repetition are). Their
 backward replays the formulas autograd would apply to the original ops, kernel for kernel: the
 losses are bitwise equal and the gradients equal up to the order fp32 sums a tensor's
-contributions (<= 5e-7 of each gradient's largest entry; ``tests/training/test_activations.py``). Explicit
+contributions (<= 5e-7 of each gradient's largest entry; ``tests/runtime/test_activations.py``). Explicit
 functions rather than ``torch.utils.checkpoint``: the checkpoint machinery cost ~0.13 s per bar
 policy pass on 2 CPU cores (~180 regions a pass). On the bar benchmark's policy pass it lowers
 the peak RSS by ~0.18 GB (benchmarks/online-notes.md).

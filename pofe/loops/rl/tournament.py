@@ -38,7 +38,7 @@ a matchup read in both orders counts 2, also when one verdict of the judge holds
 max θ − min θ of the Bradley–Terry fit: how decisively the judge separates the samples).
 
 Pure numpy apart from the judge call, so every number can be checked by hand
-(tests/training/test_tournament.py).
+(tests/loops/test_rl_tournament.py).
 """
 
 from __future__ import annotations

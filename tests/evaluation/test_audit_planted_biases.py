@@ -1,4 +1,4 @@
-"""Audit v2 and calibration: a planted judge's biases are recovered within their intervals,
+"""The audit against a planted judge, and calibration: a planted judge's biases are recovered within their intervals,
 temperature scaling lowers held-out ECE, hand-computed kappa / ECE / Brier / human-human
 agreement, per-principle flags, and the HTML page."""
 

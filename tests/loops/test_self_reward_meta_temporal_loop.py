@@ -1,4 +1,4 @@
-"""``pofe self-reward`` v2 end to end: Meta-Rewarding and Temporal Self-Rewarding's
+"""``pofe self-reward``'s newer variants end to end: Meta-Rewarding and Temporal Self-Rewarding's
 future-guided chosen on the tiny random model (wiring, stage files, records, resume after a
 kill between stages) and on the embedded SmolLM2 (slow: each mechanism applies and is
 asserted in the run's record)."""

@@ -1,4 +1,4 @@
-"""Self-rewarding v2 with planted judges: Meta-Rewarding (length-controlled actor pairs, judge
+"""Self-rewarding's newer variants with planted judges: Meta-Rewarding (length-controlled actor pairs, judge
 pairs from meta-judged judgments) and Temporal Self-Rewarding's future-guided chosen. Every
 expectation below is worked out by hand in the comments."""
 
