@@ -8,9 +8,12 @@ setup:
 demo: setup
 	@bash scripts/demo.sh
 
-# every tier: the unit tier and the end-to-end tier (tests marked slow); what CI runs
+# every tier: the unit tier and the end-to-end tier (tests marked slow); what CI runs. Two pytest
+# workers (POFE_TEST_WORKERS): most end-to-end tests run tiny models or `pofe` subprocesses on one
+# thread, so one process left the second core idle; --dist loadfile keeps a file's tests (and its
+# module fixtures) in one worker.
 test: setup
-	.venv/bin/python -m pytest -q -m "slow or not slow" --durations=40
+	.venv/bin/python -m pytest -q -m "slow or not slow" -n $${POFE_TEST_WORKERS:-2} --dist loadfile --durations=40
 
 # the unit tier alone (pyproject's default -m "not slow"): in-process, a few minutes
 check: setup
