@@ -133,10 +133,12 @@ def ensure_embedded_cache(name: str = DEFAULT_MODEL) -> Path:
         model.is_quantized = False
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        if target.exists():  # another process won the race; keep theirs
-            shutil.rmtree(tmp)
-        else:
+        try:
             os.replace(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+            shutil.rmtree(tmp)  # another process won the race (renamed its copy first): keep theirs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
