@@ -48,6 +48,13 @@ def _unit_tier_starts_no_process(request, monkeypatch):
     yield
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``long`` first (stable otherwise): with two workers (``make test``, --dist
+    loadfile) a file is handed out in collection order, and the rl example's run (~20 minutes)
+    handed out last kept one worker busy long after the other had finished."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

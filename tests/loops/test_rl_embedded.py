@@ -16,6 +16,7 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hh-rlhf"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_pairwise_length_example_makes_responses_40_percent_shorter(tmp_path):
     if not DATA.exists():
         pytest.skip(f"HH-RLHF is not at {DATA} (the example's prompts)")
