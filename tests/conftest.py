@@ -49,9 +49,10 @@ def _unit_tier_starts_no_process(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``long`` first (stable otherwise): with two workers (``make test``, --dist
-    loadfile) a file is handed out in collection order, and the rl example's run (~20 minutes)
-    handed out last kept one worker busy long after the other had finished."""
+    """Tests marked ``long`` first (stable otherwise): with two workers (``make test``: --dist
+    loadfile --no-loadscope-reorder, files handed out in collection order) the rl example's run
+    (~20 minutes on one thread) starts at once. xdist's default order (files with most tests
+    first) handed that one-test file out last, and one worker ran it alone for its whole length."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
