@@ -74,7 +74,10 @@ def test_device_check_dry_run_on_cpu(tmp_path, tokenizer):
     assert {k: got[k] for k in CHECKS} == {k: "PASS" for k in CHECKS}
     assert got["kit/wheels_installed"] == "1" and (site / "pofe_toy_plugin.py").exists()  # the kit's install ran
     assert all(float(got[k]) > 0 for k in EXPECTED - CHECKS - {"kit/wheels_installed"})
-    assert float(got["throughput/qwen2-0.5b/fraction_of_peak"]) < 2  # a fraction, not a unit slip
+    # a fraction, not a unit slip (x1000). Not < 1 on a CPU: the "peak" is one bf16 matrix product timed
+    # here, and a CPU without native bf16 (AMD EPYC without AVX512-BF16: 0.9 GFLOP/s) or with the other
+    # test worker busy times it below what the model's pass reaches (2.6 seen there)
+    assert float(got["throughput/qwen2-0.5b/fraction_of_peak"]) < 50
     # the same results in $OUT, for the device call to bring back
     saved = json.loads((out / "device_check.json").read_text())["results"]
     assert {k: str(v["value"]) for k, v in saved.items()} == {k: v for k, v in got.items() if k != "kit/wheels_installed"}
