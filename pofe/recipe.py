@@ -28,19 +28,20 @@ revise``) leave ``model`` None: their checkpoint holds only their state and outp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import Field
 
 from pofe.config import PofeConfig
-from pofe.runs import (atomic_write_bytes, atomic_write_text, open_run, open_run_file, read_jsonl, read_run_bytes,
-                       write_config)
+from pofe.runs import (JsonlWriter, atomic_write_bytes, atomic_write_text, open_run, open_run_file, read_jsonl,
+                       read_run_bytes, write_config)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,19 @@ class CheckpointConfig(PofeConfig):
     """Checkpoint every N steps (0 = only at the last step)."""
     keep_last: int = Field(2, ge=0)
     """Checkpoints kept on disk (0 keeps all)."""
+
+
+class Meter(Protocol):
+    """What the driver asks once each step's row is in ``metrics.jsonl``, before that step's
+    checkpoint, on every process: :class:`pofe.judges.usage.BudgetMeter` (a spent
+    ``judge.budget``), :class:`pofe.evaluation.drift.DriftMonitor` (``audit.on_drift: stop``),
+    self-reward's chain (an iteration's marker, which must never exist without its row). A
+    recipe registers its meters in setup with :meth:`RunContext.meter`."""
+
+    def after_row(self, step: int) -> Any:
+        """A :class:`pofe.errors.PofeError` ending the run cleanly after ``step`` (every process
+        returns the same), else None: the driver writes that step's checkpoint and ``summary.json``
+        (with ``stopped``), no ``final/``, then raises it, so ``--resume`` continues from it."""
 
 
 @dataclass
@@ -68,6 +82,70 @@ class RunContext:
     """The recipe's own checkpoint state (``Recipe.checkpoint_state`` when it was written)."""
     mean: bool = False
     """Under DeepSpeed ZeRO: the recipe's gradients are averaged over processes (``shard(mean=True)``)."""
+    recipe: Any = None
+    loaded: bool = False
+    """Whether :meth:`restore_checkpoint` has run (a new run's has nothing to load)."""
+    kept: dict[str, Any] = field(default_factory=dict)
+    """Values every checkpoint keeps for the driver (:meth:`measured_before`)."""
+    meters: list[Any] = field(default_factory=list)
+    """What the driver asks after each step's row (:class:`Meter`), in the order registered."""
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """What the driver closes when the run ends, whatever it raised: writers and engines, last first."""
+
+    def restore_checkpoint(self) -> None:
+        """Load the latest checkpoint into what setup has built (``recipe.model``, ``optimizer``,
+        ``scheduler``) and rewind ``metrics.jsonl`` and the recipe's ``outputs`` to it; sets
+        :attr:`start` and :attr:`state`. Setup calls it once those exist, and builds what depends
+        on the resumed weights or state after it (online's engine copies the resumed weights); the
+        driver calls it after a setup that did not. Under DeepSpeed ZeRO the engine is built here,
+        around setup's optimiser. A new run loads nothing."""
+        if self.loaded:
+            raise RuntimeError(f"{self.recipe.command}: restore_checkpoint called twice")
+        self.loaded = True
+        _zero_engine(self, self.recipe)
+        if not self.resumed:
+            return
+        _load(self, self.recipe)
+        if self.main:
+            rewind(self.dir, self.start, self.state.get("outputs", {}), self.recipe.outputs)
+        self.wait()
+        if self.start:
+            log.info("%s: resuming %s at step %d", self.recipe.command, self.dir, self.start)
+
+    def writer(self, name: str) -> JsonlWriter | None:
+        """The append-only writer of ``name``, one of the recipe's ``outputs``, opened after the
+        rewind (so a resume appends after the checkpoint's rows) and closed by the driver; None on
+        processes other than rank 0, which write nothing in the run folder."""
+        if name not in self.recipe.outputs:
+            raise ValueError(f"{self.recipe.command}: {name!r} is not one of the recipe's outputs {self.recipe.outputs}")
+        if not self.loaded:
+            raise RuntimeError(f"{self.recipe.command}: open {name} after restore_checkpoint (the rewind)")
+        if not self.main:
+            return None
+        return self.closing.enter_context(JsonlWriter(self.dir / name))
+
+    def measured_before(self, key: str, compute) -> Any:
+        """``compute()`` on a run at step 0 -- a measurement of the untrained model, such as
+        ``eval_before`` -- and the checkpoint's value on a resume past it; the driver keeps it in
+        every checkpoint under ``key``. Called after :meth:`restore_checkpoint`."""
+        if not self.loaded:
+            raise RuntimeError(f"{self.recipe.command}: {key} is read after restore_checkpoint")
+        value = compute() if self.start == 0 else self.state.get(key)
+        self.kept[key] = value
+        return value
+
+    def on_close(self, fn) -> None:
+        """Call ``fn()`` when the run ends (engines, threads), before the writers opened earlier."""
+        self.closing.callback(fn)
+
+    def meter(self, m: "Meter") -> None:
+        """Ask ``m`` after every step's row (a judge budget, a drift monitor)."""
+        self.meters.append(m)
+
+    def after_row(self, step: int):
+        """Every meter asked after ``step``'s row; the first stop, else None."""
+        stops = [m.after_row(step) for m in self.meters]  # each one: a meter may record as well as stop
+        return next((s for s in stops if s is not None), None)
 
     @property
     def dp(self):
@@ -148,26 +226,15 @@ class Recipe:
         return None
 
     def setup(self, run: RunContext) -> None:
+        """Build the models, optimiser and scheduler; call ``run.restore_checkpoint()`` once they exist
+        (the driver calls it after a setup that did not) and build what the resumed weights or
+        state decide after it. Open the ``outputs`` with ``run.writer``, register meters with
+        ``run.meter`` and what must be released (engines, threads) with ``run.on_close``."""
         raise NotImplementedError
-
-    def restore(self, run: RunContext) -> None:
-        """After a checkpoint was loaded (``run.start``, ``run.state``) and the outputs rewound."""
 
     def step(self, step: int) -> dict[str, Any]:
         """One step; returns its metrics row (without ``step``). Called on every process."""
         raise NotImplementedError
-
-    def after_row(self, step: int) -> None:
-        """After ``step``'s row is in ``metrics.jsonl``, before its checkpoint (every process): where a
-        recipe writes its own "step finished" marker, so a marker never exists without its row
-        (self-reward's ``iter_t/metrics.json``)."""
-
-    def stop_after(self, step: int):
-        """A :class:`pofe.errors.PofeError` ending the run cleanly after ``step`` (every process returns
-        the same), else None: the driver writes that step's checkpoint and ``summary.json`` (with
-        ``stopped``), no ``final/``, then raises it, so ``--resume`` continues from it (a judge-drift
-        stop, ``pofe.evaluation.drift``)."""
-        return None
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The recipe's own plain-JSON state an exact resume needs (called on every process)."""
@@ -184,14 +251,7 @@ class Recipe:
             return None
         from pofe.runtime.checkpoints import save_final
 
-        return save_final(self.unwrapped(), self.tokenizer, out)
-
-    def unwrapped(self):
-        """The model as saved (the recipe unwraps a DDP wrapper here)."""
-        return self.model
-
-    def close(self) -> None:
-        """Release what setup opened (engines, writers); called in ``finally``."""
+        return save_final(self.model, self.tokenizer, out)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -258,7 +318,7 @@ def _load(run: RunContext, recipe: Recipe) -> None:
     run_cfg = getattr(recipe.cfg, "run", None)
     check_processes(ckpt, run.world, allow=bool(getattr(run_cfg, "allow_world_change", False)))
     check_outputs(run.dir, ckpt, recipe.outputs)
-    info = load_checkpoint(ckpt, model=recipe.unwrapped(), optimizer=recipe.optimizer, scheduler=recipe.scheduler,
+    info = load_checkpoint(ckpt, model=recipe.model, optimizer=recipe.optimizer, scheduler=recipe.scheduler,
                            verify=False)
     run.start, run.state = int(info["step"]), dict(info["state"])
 
@@ -278,7 +338,7 @@ def _full_state(run: RunContext, recipe: Recipe) -> dict[str, Any]:
         return out
     from pofe.runtime.sharding import full_model_state, full_optimizer_state
 
-    model = recipe.unwrapped()
+    model = recipe.model
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     out: dict[str, Any] = {"model_state": full_model_state(model, names, keep=run.main)}
     if recipe.optimizer is not None:
@@ -305,8 +365,8 @@ def _save(run: RunContext, recipe: Recipe, step: int, keep_last: int) -> None:
     full = _full_state(run, recipe)
     if run.main:
         outputs = output_record(run.dir, recipe.outputs)  # bytes, rows, sha256: a resume refuses one cut short
-        state = {**own, "outputs": {n: r["bytes"] for n, r in outputs.items()}}
-        save_checkpoint(run.dir / "checkpoints" / f"step-{step}", model=recipe.unwrapped(), optimizer=recipe.optimizer,
+        state = {**own, **run.kept, "outputs": {n: r["bytes"] for n, r in outputs.items()}}
+        save_checkpoint(run.dir / "checkpoints" / f"step-{step}", model=recipe.model, optimizer=recipe.optimizer,
                         scheduler=recipe.scheduler, step=step, state=state, processes=run.world, outputs=outputs, **full)
         prune_checkpoints(run.dir, keep_last)
     run.wait()
@@ -366,7 +426,7 @@ def _processes(run: RunContext, recipe: Recipe) -> dict[str, Any]:
     elif run.world > 1 and recipe.model is not None:
         from pofe.runtime.parallel import weights_identical
 
-        out["weights_identical_across_processes"] = weights_identical(run.acc, recipe.unwrapped())
+        out["weights_identical_across_processes"] = weights_identical(run.acc, recipe.model)
     return out
 
 
@@ -384,7 +444,7 @@ def _final(run: RunContext, recipe: Recipe, step: int) -> Path | None:
     elif run.sharded and recipe.model is not None:
         from pofe.runtime.sharding import plain_copy
 
-        plain = plain_copy(recipe.unwrapped(), main=run.main)
+        plain = plain_copy(recipe.model, main=run.main)
     if not run.main:
         return None
     final = run.dir / "final"
@@ -397,6 +457,19 @@ def _final(run: RunContext, recipe: Recipe, step: int) -> Path | None:
         return recipe.save_final(final)
     finally:
         recipe.model = sharded
+
+
+_RETIRED = {"restore": "setup, after run.restore_checkpoint()", "after_row": "a meter (run.meter)",
+            "stop_after": "a meter (run.meter)", "close": "run.on_close / run.writer in setup",
+            "unwrapped": "recipe.model"}
+
+
+def _refuse_retired_hooks(recipe: Recipe) -> None:
+    """A recipe written against the older twelve-hook interface would have its hook silently never
+    called (a resume that restores nothing): refused, naming the replacement."""
+    for name, instead in _RETIRED.items():
+        if any(name in vars(k) for k in type(recipe).__mro__ if k is not Recipe and issubclass(k, Recipe)):
+            raise TypeError(f"{type(recipe).__name__}.{name}: the driver no longer calls this hook; use {instead}")
 
 
 def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: str | Path | None = None,
@@ -414,6 +487,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     from pofe.runtime.tracking import MetricsSink, Progress, check_trackers
 
     cfg = recipe.cfg
+    _refuse_retired_hooks(recipe)
     t0 = time.perf_counter()
     bound_primitive_cache()  # before any bf16 matmul (vLLM's warm-up included): memory that levels off
     check_trackers(getattr(cfg, "log", None))  # a missing tracker package: before any folder or model
@@ -426,7 +500,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
         log.info("%s: %s already finished; returning its summary", recipe.command, path)
         return {**json.loads((path / "summary.json").read_text()), "already_done": True}
     # a given stage folder resumes whatever checkpoint it holds; a new run has none to load
-    run = RunContext(dir=path, resumed=resume is not None or run_dir is not None, acc=acc)
+    run = RunContext(dir=path, resumed=resume is not None or run_dir is not None, acc=acc, recipe=recipe)
     keep_freed_memory()  # glibc: reuse freed buffers instead of page-faulting them in every step
     log.info("%s: memory allocator %s", recipe.command, allocator())
     seed_everything(cfg.seed)
@@ -434,15 +508,8 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     step = 0
     try:
         recipe.setup(run)
-        _zero_engine(run, recipe)
-        if run.resumed:
-            _load(run, recipe)
-            if run.main:
-                rewind(run.dir, run.start, run.state.get("outputs", {}), recipe.outputs)
-            run.wait()
-            if run.start:
-                log.info("%s: resuming %s at step %d", recipe.command, run.dir, run.start)
-        recipe.restore(run)
+        if not run.loaded:
+            run.restore_checkpoint()
         total, step = recipe.total_steps, run.start
         if run.main:
             sink = MetricsSink(run.dir, cfg.log, config=cfg.model_dump(mode="json"))
@@ -453,10 +520,9 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
             if sink is not None:
                 sink.write(row)
             bar.update(row)
-            recipe.after_row(step)
+            stopped = run.after_row(step)  # the recipe's meters: a spent judge budget, a drift stop
             for name in ("after_step", *recipe.step_faults):
                 fault_point(f"{step}:{name}")  # crash/resume suite: metrics row written, no checkpoint yet
-            stopped = recipe.stop_after(step)
             if recipe.resumable and (stopped is not None or checkpoint_due(cfg.checkpoint.every, step, total)):
                 _save(run, recipe, step, cfg.checkpoint.keep_last)
                 fault_point(f"{step}:after_checkpoint")
@@ -470,7 +536,7 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
             bar.close()
         if sink is not None:
             sink.close()
-        recipe.close()
+        run.closing.close()  # the recipe's engines, threads and writers, last opened first
     history = read_jsonl(run.dir / "metrics.jsonl") if (run.dir / "metrics.jsonl").exists() else []
     summary = {"command": recipe.command, "run_dir": str(run.dir), "final_model": str(out) if out else None,
                "steps": total, "steps_run": step - run.start, "resumed_from": run.start if resume is not None or run.start else None,

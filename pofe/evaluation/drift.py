@@ -112,7 +112,7 @@ class DriftMonitor:
 
     def check(self, step: int, judge, context: Callable[[], Any] = contextlib.nullcontext, dp=None) -> dict[str, Any]:
         """The step's ``drift/*`` keys (empty when not due). A crossing logs a warning, or (on_drift:
-        stop) leaves :attr:`stop` for :meth:`stop_after`. ``dp``: the run's processes, which split
+        stop) leaves :attr:`stop` for :meth:`after_row`. ``dp``: the run's processes, which split
         the judging and all get the same report (a collective: every process calls it)."""
         from pofe.evaluation.audit import describe_check, run_audit
         from pofe.runtime.parallel import DataParallel
@@ -135,7 +135,7 @@ class DriftMonitor:
                 log.warning("%s (audit.on_drift=warn: training goes on)", msg)
         return row
 
-    def stop_after(self, step: int) -> DriftError | None:
+    def after_row(self, step: int) -> DriftError | None:
         return self.stop if self.stop is not None and self.stop.step == step else None
 
 

@@ -236,7 +236,7 @@ class BudgetMeter:
         last row (a final evaluation)."""
         return self.total().to_dict()
 
-    def stop_after(self, step: int) -> BudgetError | None:
+    def after_row(self, step: int) -> BudgetError | None:
         return self.stop if self.stop is not None and self.stop.step == step else None
 
 

@@ -167,16 +167,12 @@ class CaiReviseRecipe(Recipe):
         self.n_prompts, self.n_benign = len(prompts), len(benign)
 
     def setup(self, run: RunContext) -> None:
+        c = self.constitution
         self.run_dir, self.dp = run.dir, run.dp
         self.total_steps = len(self.chunks)
-
-    def restore(self, run: RunContext) -> None:
-        from pofe.runs import JsonlWriter
-
-        c = self.constitution
+        run.restore_checkpoint()
         self.resumed_after_chunks = run.start if run.resumed else None
-        # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
-        self.writer = JsonlWriter(run.dir / "revisions.jsonl") if run.main else None
+        self.writer = run.writer("revisions.jsonl")  # rank 0 alone writes the run folder
         log.info("cai revise: %d red-team + %d benign prompts, %d round(s), constitution %s (%s), %d/%d chunks done",
                  self.n_prompts, self.n_benign, self.cfg.rounds, c.name, c.version, run.start, len(self.chunks))
 
@@ -239,10 +235,6 @@ class CaiReviseRecipe(Recipe):
             "files": {"sft": str(d / "sft.jsonl"), "preferences": str(d / "preferences.jsonl"),
                       "revisions": str(d / "revisions.jsonl")},
         }
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 def run(cfg: CaiReviseConfig, *, resume: str | Path | None = None, model=None, tokenizer=None,

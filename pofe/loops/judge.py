@@ -135,8 +135,12 @@ class JudgeRecipe(Recipe):
         if run.main and self.out_path.exists():
             self.out_path.unlink()  # one run's output, never appended to (never an input: checked in load_data)
         self.judge = build_judge(cfg.judge, **self.runtime)  # every process its own (and its own cache connection)
+        if callable(getattr(self.judge, "close", None)):
+            run.on_close(self.judge.close)
         self.meter = BudgetMeter(budget_of(cfg.judge), [self.judge], dp=self.dp)  # tokens, cost, judge.budget's stop
-        self.writer = JsonlWriter(self.out_path) if run.main else None  # rank 0 writes the gathered verdicts
+        run.meter(self.meter)  # a spent budget: the verdicts so far are kept, summary.stopped
+        # rank 0 writes the gathered verdicts; not one of the run's outputs (a judge run is redone whole)
+        self.writer = run.closing.enter_context(JsonlWriter(self.out_path)) if run.main else None
         self.verdicts: list = []
         self.t0 = time.perf_counter()
         self.total_steps = math.ceil(len(self.rows) / cfg.batch_size)
@@ -161,9 +165,6 @@ class JudgeRecipe(Recipe):
                 "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None,
                 **self.meter.row(step)}
 
-    def stop_after(self, step: int):
-        return self.meter.stop_after(step)  # judge.budget spent: the verdicts so far are kept, summary.stopped
-
     def _verdicts(self, part: list[dict[str, Any]]) -> list:
         """This process's block of a batch, judged (pairwise) or scored (pointwise)."""
         prompts, refs = [r["prompt"] for r in part], [r["reference"] for r in part]
@@ -185,12 +186,6 @@ class JudgeRecipe(Recipe):
                    items_per_s=round(len(self.rows) / seconds, 3) if seconds > 0 else None, output=str(self.out_path),
                    judge_usage=usage_summary(history))
         return out
-
-    def close(self) -> None:
-        for obj in (getattr(self, "writer", None), getattr(self, "judge", None)):
-            close = getattr(obj, "close", None)
-            if close:
-                close()
 
 
 def run_judge(cfg: JudgeCommandConfig, **runtime) -> dict[str, Any]:

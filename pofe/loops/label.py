@@ -200,6 +200,15 @@ class LabelRecipe(Recipe):
         self.identical = sum(a.strip() == b.strip() for _, a, b in pairs)
         self.pairs = [(x, a, b) for x, a, b in pairs if a.strip() != b.strip()]
         self.total_steps = -(-len(self.pairs) // cfg.train.batch_size)
+        run.restore_checkpoint()
+        done = min(run.start * cfg.train.batch_size, len(self.pairs))
+        self.resumed_after = done if run.resumed else None
+        # tokens and cost per batch, the run's total across resumes, judge.budget's stop
+        self.meter = BudgetMeter(budget_of(cfg.judge), [self.judge], dp=self.dp, state=run.state)
+        run.meter(self.meter)
+        self.writer = run.writer("labels.jsonl")  # rank 0 alone writes the run folder
+        log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(self.pairs),
+                 self.identical, done, getattr(self.judge, "id", "?"))
 
     def _sample(self, prompts: list[str]) -> list[tuple[str, str, str]]:
         """This process's block of the prompts, two samples each."""
@@ -214,18 +223,6 @@ class LabelRecipe(Recipe):
                                                      trust_remote_code=cfg.model.trust_remote_code,
                                                      **cfg.model.load_kwargs())
         return sample_pairs(self.policy, self.tokenizer, prompts, cfg.sampling, block_seed(cfg.seed, self.dp.rank))
-
-    def restore(self, run: RunContext) -> None:
-        from pofe.runs import JsonlWriter
-
-        done = min(run.start * self.cfg.train.batch_size, len(self.pairs))
-        self.resumed_after = done if run.resumed else None
-        # tokens and cost per batch, the run's total across resumes, judge.budget's stop
-        self.meter = BudgetMeter(budget_of(self.cfg.judge), [self.judge], dp=self.dp, state=run.state)
-        # after the driver rewound it to the checkpoint; rank 0 alone writes the run folder
-        self.writer = JsonlWriter(run.dir / "labels.jsonl") if run.main else None
-        log.info("label: %d pairs (%d identical skipped, %d already labelled), judge %s", len(self.pairs),
-                 self.identical, done, getattr(self.judge, "id", "?"))
 
     def step(self, step: int) -> dict[str, Any]:
         bs = self.cfg.train.batch_size
@@ -243,9 +240,6 @@ class LabelRecipe(Recipe):
         self.judge_s += time.perf_counter() - t0
         fault_point(f"{step}:before_metrics")  # crash/resume suite: rows written, metrics row not
         return {**batch_metrics(rows), **self.meter.row(step)}
-
-    def stop_after(self, step: int):
-        return self.meter.stop_after(step)  # judge.budget spent: checkpoint, summary.stopped, BudgetError
 
     def checkpoint_state(self) -> dict[str, Any]:
         return self.meter.state()
@@ -279,10 +273,6 @@ class LabelRecipe(Recipe):
             "files": {"labels": str(d / "labels.jsonl"), "preferences": str(d / "preferences.jsonl"),
                       "pairs": str(d / "pairs.jsonl")},
         }
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 def run(cfg: LabelConfig, *, resume: str | Path | None = None, policy=None, tokenizer=None, judge=None,

@@ -164,7 +164,7 @@ def test_budget_meter_rows_state_across_a_resume_and_the_stop(caplog):
     judge.count(calls=2, tokens_in=10, tokens_out=2)
     row = meter.row(1)
     assert (row["judge/tokens_in"], row["judge/tokens_out"], row["judge/cost"], row["judge/tokens_in_total"]) == (10, 2, 10.0, 10)
-    assert meter.stop_after(1) is None
+    assert meter.after_row(1) is None
     state = meter.state()
     assert state["judge_usage"]["tokens"] == 12 and state["judge_usage"]["cost"] == 10.0
     # a resumed process: a fresh judge, the total from the checkpoint
@@ -175,11 +175,11 @@ def test_budget_meter_rows_state_across_a_resume_and_the_stop(caplog):
         row = resumed.row(2)
     assert (row["judge/tokens_in"], row["judge/tokens_in_total"], row["judge/cached_total"]) == (10, 20, 1)
     assert row["judge/unmetered_total"] == 1 and "no token usage reported" in caplog.text
-    assert resumed.stop_after(2) is None  # 24 tokens: within 25
+    assert resumed.after_row(2) is None  # 24 tokens: within 25
     judge2.count(calls=1, tokens_in=2)
     resumed.row(3)  # 26 > 25: the step that went past it
-    err = resumed.stop_after(3)
+    err = resumed.after_row(3)
     assert err is not None and err.exit_code == 2 and str(err).startswith("judge budget spent at step 3: 26 tokens")
-    assert resumed.stop_after(4) is None  # the stop belongs to its step
+    assert resumed.after_row(4) is None  # the stop belongs to its step
     judge2.count(calls=2, tokens_in=7)  # judged after the last row (a final evaluation): in the summary's total
     assert resumed.summary()["tokens_in"] == 10 + 10 + 2 + 7 and resumed.summary()["calls"] == 2 + 2 + 1 + 2

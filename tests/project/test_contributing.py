@@ -387,10 +387,8 @@ class ToyRecipe(Recipe):
 
     def setup(self, run: RunContext) -> None:
         self.total_steps = self.cfg.train.steps
-        self.total = 0
-
-    def restore(self, run: RunContext) -> None:
-        self.total = int(run.state.get("total", 0))
+        run.restore_checkpoint()
+        self.total = int(run.state.get("total", 0))  # a resume's total (0 for a new run)
 
     def step(self, step: int) -> dict[str, Any]:
         self.total += step

@@ -171,6 +171,10 @@ class OnlineRecipe(Recipe):
         return judge_identity(self.cfg.judge)
 
     def setup(self, run: RunContext) -> None:
+        from pofe.evaluation.vs_initial import initial_responses
+        from pofe.generation import make_generator
+        from pofe.loops.online.annotator import build_judges, reference_to_bf16
+        from pofe.loops.online.pair_sources import make_source
         from pofe.runtime import Reference, load_policy, make_optimizer, make_scheduler
 
         cfg, self.run = self.cfg, run
@@ -183,17 +187,10 @@ class OnlineRecipe(Recipe):
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.total_steps = cfg.train.steps
         self.loss_fn, self.beta = get_loss(cfg.loss.name), cfg.loss.beta_value
-
-    def restore(self, run: RunContext) -> None:
-        """After the checkpoint is loaded: the engine copies the resumed weights, and is built
-        before the judges so that a vLLM judge of the same model shares it."""
-        from pofe.evaluation.vs_initial import initial_responses
-        from pofe.generation import make_generator
-        from pofe.runs import JsonlWriter
-        from pofe.loops.online.annotator import build_judges, reference_to_bf16
-        from pofe.loops.online.pair_sources import make_source
-
-        cfg, acc, tok = self.cfg, run.acc, self.tokenizer
+        run.restore_checkpoint()
+        # After the checkpoint is loaded: the engine copies the resumed weights, and is built before
+        # the judges so that a vLLM judge of the same model shares it.
+        acc, tok = run.acc, self.tokenizer
         self.ddp, self.optimizer = (self.model, self.optimizer) if run.sharded else acc.prepare(self.model, self.optimizer)
         self.engine = make_generator(self.model, tok, cfg.sampling)
         judge, eval_judge = self.judges
@@ -203,10 +200,13 @@ class OnlineRecipe(Recipe):
         reference_to_bf16(cfg, self.reference, self.judges)  # after pi_0's own responses, in its own dtype
         if cfg.reference.source == "engine":  # after the cast: the engine is synced from the copy as the judge reads it
             self.reference = engine_reference(self.reference, tok, cfg, self.engine, run.state.get("reference"))
-        if run.main and cfg.mode != "offline":
-            self.ledger = JsonlWriter(run.dir / "ledger.jsonl")  # after the driver rewound it to the checkpoint
+        self.ledger = run.writer("ledger.jsonl") if cfg.mode != "offline" else None
         self.source = make_source(cfg, acc, self.ddp, tok, self.judges, self.items, run.state, ledger=self.ledger,
                                   engine=self.engine, start=run.start)
+        run.on_close(self.source.close)  # mode=async: waits for the step in flight (it holds the engine)
+        run.meter(self.source)  # judge.budget spent
+        if self.drift is not None:
+            run.meter(self.drift)  # audit.on_drift=stop
 
     def _audited(self, judge) -> None:
         if self.require_audit is not None:  # the built judge is the audited one, not only its config
@@ -243,9 +243,6 @@ class OnlineRecipe(Recipe):
                                            run_dir=self.run.dir, step=step))
         return row
 
-    def stop_after(self, step: int):
-        return self.source.stop_after(step) or (self.drift.stop_after(step) if self.drift else None)  # budget, drift
-
     def checkpoint_state(self) -> dict[str, Any]:
         ref = {"reference": self.reference.state()} if hasattr(self.reference, "state") else {}
         return {**self.source.state(), **ref}  # every process: the label buffers (and judge usage) gathered there
@@ -258,12 +255,6 @@ class OnlineRecipe(Recipe):
                 "reference": self.reference.summary() if hasattr(self.reference, "summary") else None}
         return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
                 **{k: v for k, v in more.items() if v is not None}}
-
-    def close(self) -> None:
-        if self.source is not None:
-            self.source.close()  # mode=async: waits for the step in flight (it holds the engine)
-        if self.ledger is not None:
-            self.ledger.close()
 
 
 def run(cfg: OnlineConfig, *, resume: str | Path | None = None, model=None, tokenizer=None, judge=None,

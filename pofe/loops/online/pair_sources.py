@@ -109,7 +109,7 @@ class PairSource(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
-    def stop_after(self, step: int): ...  # judge.budget spent (pofe.judges.usage.BudgetError), else None
+    def after_row(self, step: int): ...  # judge.budget spent (pofe.judges.usage.BudgetError), else None
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]: ...  # judge_usage
 
@@ -156,8 +156,8 @@ class _Metered:
             sp.extra.update(self.meter.row(step))
         return sp
 
-    def stop_after(self, step: int):
-        return self.meter.stop_after(step) if self.meter is not None else None
+    def after_row(self, step: int):
+        return self.meter.after_row(step) if self.meter is not None else None
 
     def meter_state(self) -> dict[str, Any]:
         return self.meter.state() if self.meter is not None else {}

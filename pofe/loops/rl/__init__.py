@@ -208,13 +208,14 @@ class RLRecipe(Recipe):
         self.optimizer = make_optimizer(self.model, cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.total_steps = cfg.train.steps
-
-    def restore(self, run: RunContext) -> None:
-        cfg = self.cfg
+        run.restore_checkpoint()
         # the reward judge's tokens and cost per step (the held-out measurement's in step 1), reward.judge.budget's stop
         self.meter = BudgetMeter(budget_of(cfg.reward.judge), [getattr(self.reward_fn, "judge", None)], dp=self.dp,
                                  state=run.state)
-        self.before = self.measure() if run.start == 0 else run.state.get("eval_before")
+        run.meter(self.meter)
+        if self.drift is not None:
+            run.meter(self.drift)  # audit.on_drift=stop
+        self.before = run.measured_before("eval_before", self.measure)
         log.info("rl: %s, %d steps x %d prompts x %d samples, reward %s, KL in %s (beta %g)", cfg.algo, cfg.train.steps,
                  cfg.train.batch_size, cfg.train.group_size, self.reward_fn.id, cfg.kl_in, cfg.beta)
 
@@ -234,11 +235,8 @@ class RLRecipe(Recipe):
         row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None), dp=dp) if self.drift else {})
         return {**row, **self.meter.row(step)}  # a collective under data parallel
 
-    def stop_after(self, step: int):  # judge.budget spent, or a drift stop (audit.on_drift=stop)
-        return self.meter.stop_after(step) or (self.drift.stop_after(step) if self.drift else None)
-
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"eval_before": self.before, **self.meter.state()}
+        return self.meter.state()
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         cfg, last = self.cfg, history[-5:]

@@ -155,10 +155,8 @@ class RMRecipe(Recipe):
         self.loss_fn = get_rm_loss(cfg.loss)
         self.steps_per_epoch = math.ceil(len(self.train) / (cfg.train.batch_size * run.world))
         self.model.train()
-
-    def restore(self, run: RunContext) -> None:
-        cfg = self.cfg
-        self.before = self.evaluate() if run.start == 0 else run.state.get("eval_before")
+        run.restore_checkpoint()
+        self.before = run.measured_before("eval_before", self.evaluate)
         log.info("rm: %d train / %d eval pairs (%s labels), %d steps", len(self.train), len(self.eval_pairs),
                  cfg.data.labels, self.total_steps)
 
@@ -181,14 +179,11 @@ class RMRecipe(Recipe):
                         "eval_margin_mean": ev["margin"]["mean"]})
         return row
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {"eval_before": self.before}
-
     def save_final(self, out: Path) -> Path | None:
         from pofe.loops.rm.reward_model import save_reward_model
 
         cfg = self.cfg
-        return save_reward_model(self.unwrapped(), self.tokenizer, out, max_length=cfg.max_length, labels=cfg.data.labels,
+        return save_reward_model(self.model, self.tokenizer, out, max_length=cfg.max_length, labels=cfg.data.labels,
                                  loss=cfg.loss, base=cfg.model.name)
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:

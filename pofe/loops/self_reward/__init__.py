@@ -232,10 +232,11 @@ class SelfRewardRecipe(Recipe):
             write_json(run.dir / "inputs.json", {"counts": inp.counts, "eval_prompts": inp.eval_prompts,
                                                   "val_prompts": inp.val_prompts})
         self.chain = Chain(self.cfg, inp, run.dir, dp=run.dp)
+        run.on_close(self.chain.close)
         self.total_steps = self.cfg.iterations
-
-    def restore(self, run: RunContext) -> None:
+        run.restore_checkpoint()
         self.chain.reload(run.start)  # M1..M_start from their iter_t/ files
+        run.meter(self.chain)  # iter_t/metrics.json marks the iteration finished, so it follows its row
 
     def step(self, step: int) -> dict[str, Any]:
         m = self.chain.iteration(step)
@@ -252,10 +253,6 @@ class SelfRewardRecipe(Recipe):
             row["temporal/replaced_chosen"] = future.get("replaced", 0)
         return row
 
-    def after_row(self, step: int) -> None:
-        # iter_t/metrics.json marks the iteration finished, so it follows its metrics.jsonl row
-        self.chain.finish(step)
-
     def checkpoint_state(self) -> dict[str, Any]:
         return {"model": self.chain.prev_model}
 
@@ -266,10 +263,6 @@ class SelfRewardRecipe(Recipe):
 
     def save_final(self, out: Path) -> Path:
         return self.chain.final(out)  # final/ = M_T
-
-    def close(self) -> None:
-        if hasattr(self, "chain"):
-            self.chain.close()
 
 
 def run(cfg: SelfRewardConfig, *, resume: str | Path | None = None,

@@ -362,8 +362,9 @@ class Chain:
         self._done[t] = m
         return m
 
-    def finish(self, t: int) -> None:
-        """After iteration ``t``'s ``metrics.jsonl`` row: write its marker (never without the row)."""
+    def after_row(self, t: int) -> None:
+        """After iteration ``t``'s ``metrics.jsonl`` row (the driver's meters): write its marker,
+        never without the row. Never a stop."""
         m = self._done.pop(t)
         if self.dp.main:
             write_json(self.marker(t), m)
