@@ -482,7 +482,8 @@ def drive(recipe: Recipe, *, resume: str | Path | None = None, require_audit: st
     from pofe.evaluation.audit import gate
     from pofe.preload import allocator
     from pofe.runtime.allocator import bound_primitive_cache, keep_freed_memory
-    from pofe.runtime.checkpoints import final_complete, seed_everything
+    from pofe.runtime.checkpoints import final_complete
+    from pofe.runtime.seeds import seed_everything
     from pofe.runtime.guards import fault_point
     from pofe.runtime.tracking import MetricsSink, Progress, check_trackers
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
+from pofe.stats import mean
 
 
 def chunk_metrics(which: str, traces: Sequence[Any]) -> dict[str, Any]:
@@ -20,8 +18,8 @@ def chunk_metrics(which: str, traces: Sequence[Any]) -> dict[str, Any]:
     return {"set": which, "prompts": len(traces),
             "unchanged": sum(t.final.strip() == t.original.strip() for t in traces),
             "empty_revisions": sum(t.empty_revisions for t in traces),
-            "chars_original": _mean([len(t.original) for t in traces]),
-            "chars_revised": _mean([len(t.final) for t in traces])}
+            "chars_original": mean([len(t.original) for t in traces]),
+            "chars_revised": mean([len(t.final) for t in traces])}
 
 
 def revision_stats(traces: Sequence[Any]) -> dict[str, Any]:
@@ -32,8 +30,8 @@ def revision_stats(traces: Sequence[Any]) -> dict[str, Any]:
             principle_counts[r["principle_id"]] = principle_counts.get(r["principle_id"], 0) + 1
     return {"unchanged": sum(t.final.strip() == t.original.strip() for t in traces),
             "empty_revisions": sum(t.empty_revisions for t in traces), "principle_counts": principle_counts,
-            "mean_chars": {"original": _mean([len(t.original) for t in traces]),
-                           "revised": _mean([len(t.final) for t in traces])}}
+            "mean_chars": {"original": mean([len(t.original) for t in traces]),
+                           "revised": mean([len(t.final) for t in traces])}}
 
 
 def refusal_summary(harmful: Sequence[Any], benign: Sequence[Any]) -> dict[str, Any]:

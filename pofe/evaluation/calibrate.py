@@ -26,7 +26,7 @@ from scipy.optimize import isotonic_regression, minimize_scalar
 from scipy.special import expit, logit
 
 from pofe.labels import _EPS, T_MAX, apply_calibration, no_information, no_information_reason
-from pofe.evaluation.stats import wilson_interval
+from pofe.stats import wilson_interval
 
 def _arrays(p, y) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(p, dtype=float)

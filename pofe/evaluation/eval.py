@@ -22,7 +22,7 @@ in view (FastChat's ``pair-v2-multi-turn``), and both turns are counted.
 Data parallel (``torchrun --nproc_per_node N``): each process generates its block of the
 prompts and judges its block of the pairs (:meth:`~pofe.runtime.parallel.DataParallel.map`);
 every process counts the gathered outcomes (in input order, so the result is the one-process
-run's; sampled responses depend on N, see :func:`~pofe.runtime.parallel.block_seed`) and rank 0
+run's; sampled responses depend on N, see :func:`~pofe.runtime.seeds.block_seed`) and rank 0
 writes ``output``.
 """
 
@@ -42,7 +42,8 @@ from pofe.evaluation.winrate import (
 from pofe.generation import SamplingConfig
 from pofe.judges.config import JudgeConfig, LLMJudgeConfig
 from pofe.runtime import DeviceConfig
-from pofe.runtime.parallel import DataParallel, block_seed, launched
+from pofe.runtime.parallel import DataParallel, launched
+from pofe.runtime.seeds import block_seed
 
 log = logging.getLogger(__name__)
 

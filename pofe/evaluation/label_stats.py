@@ -25,7 +25,7 @@ def label_stats(rows: Sequence[dict[str, Any]], *, bins: int = 10) -> dict[str, 
     * p_histogram: counts of p in ``bins`` equal bins over [0, 1] (piled at 0 and 1 =
       overconfident labels, seed "Overconfident labels"); mean |p − ½| as one number.
     """
-    from pofe.evaluation.stats import pearson
+    from pofe.stats import pearson
 
     parsed = [r for r in rows if r["p"] is not None]
     both = [r for r in parsed if r["p_ab"] is not None and r["p_ba"] is not None]

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pofe.evaluation.stats import kendall_tau_b
+from pofe.stats import kendall_tau_b
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def margin_metrics(margins: Sequence[float], p: Sequence[float], *, bins: int = 
     decided = y != 0.5
     correct = ((m > 0) & (y > 0.5)) | ((m < 0) & (y < 0.5))
     acc = float(correct[decided].double().mean()) if decided.any() else None
-    from pofe.evaluation.stats import wilson_interval
+    from pofe.stats import wilson_interval
 
     # the Wilson interval of the accuracy (the win-rate rule's): what the model card shows next to it
     ci = list(wilson_interval(int(correct[decided].sum()), int(decided.sum()))) if decided.any() else None

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from pofe.config import PofeConfig, Seed
 from pofe.errors import PofeError
-from pofe.evaluation.stats import fit_logistic, sigmoid
+from pofe.stats import fit_logistic, sigmoid
 
 
 class SimConfig(PofeConfig):

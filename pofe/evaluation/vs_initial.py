@@ -42,7 +42,7 @@ def winrate_value(counts: dict[str, int]) -> float | None:
 def initial_responses(reference, tok, prompts: Sequence[Prompt], *, sampling: SamplingConfig, seed: int) -> list[Completion]:
     """The initial policy's responses to the held-out prompts, once per run (seeded: the same
     after a resume), from ``reference.model()`` (pi_0: the frozen copy or the adapter disabled)."""
-    from pofe.runtime.checkpoints import seed_everything
+    from pofe.runtime.seeds import seed_everything
 
     if not prompts:
         return []

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pofe.evaluation.stats import fit_logistic, wilson_interval
+from pofe.stats import fit_logistic, wilson_interval
 
 WIN, TIE, LOSS = 1, 0, -1
 
@@ -62,7 +62,7 @@ def outcome_value(o: int) -> float:
 
 # --------------------------------------------------------------------------- intervals
 
-# wilson_interval lives in pofe.evaluation.stats (below calibration, report and audit, which use
+# wilson_interval lives in pofe.stats (below calibration, report and audit, which use
 # it too) and is imported above, so it stays importable from here.
 
 

@@ -26,7 +26,8 @@ from pofe.generation.sampling import SamplingConfig, generate
 from pofe.runs import JsonlWriter, atomic_write_text, read_jsonl
 from pofe.jsonl import json_line
 from pofe.runtime.guards import fault_point
-from pofe.runtime.parallel import DataParallel, block_seed
+from pofe.runtime.parallel import DataParallel
+from pofe.runtime.seeds import block_seed
 
 
 class CandidateSettings(PofeConfig):

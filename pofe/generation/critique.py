@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pofe.generation.sampling import SamplingConfig, generate
+from pofe.runtime.seeds import critique_seed
 
 
 @dataclass(frozen=True)
@@ -180,11 +181,11 @@ def critique_revise(model, tokenizer, prompts: Sequence[str], constitution: CaiC
         chosen = [rng.choice(pool) for _ in traces]
         convs = [prefix + [{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.final},
                            {"role": "user", "content": f"Critique request: {c.critique}"}] for t, c in zip(traces, chosen)]
-        critiques = [_strip_label(c) for c in gen(convs, critique_sampling, seed + 1000 * (r + 1))]
+        critiques = [_strip_label(c) for c in gen(convs, critique_sampling, critique_seed(seed, r, revision=False))]
         convs = [conv + [{"role": "assistant", "content": f"Critique: {crit}"},
                          {"role": "user", "content": f"Revision request: {c.revision}"}]
                  for conv, crit, c in zip(convs, critiques, chosen)]
-        revisions = [_strip_label(v) for v in gen(convs, sampling, seed + 1000 * (r + 1) + 500)]
+        revisions = [_strip_label(v) for v in gen(convs, sampling, critique_seed(seed, r, revision=True))]
         for t, c, crit, rev in zip(traces, chosen, critiques, revisions):
             empty = not rev.strip()
             t.empty_revisions += int(empty)

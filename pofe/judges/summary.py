@@ -10,13 +10,10 @@ shown in both orders). Exact ties count one half.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from pofe.records import Judgment, Score
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
+from pofe.stats import mean
 
 
 def _win(p: float, first_is_a: bool) -> float:
@@ -42,9 +39,9 @@ def summarize_judgments(judgments: Iterable[Judgment], *, seconds: float | None 
     out: dict[str, Any] = {
         "n": len(js),
         "n_labelled": len(ps),
-        "mean_p": _mean(ps),
-        "consistency_rate": _mean([1.0 if c else 0.0 for c in cons]),
-        "first_position_win_rate": _mean(wins) if both else None,
+        "mean_p": mean(ps),
+        "consistency_rate": mean([1.0 if c else 0.0 for c in cons]),
+        "first_position_win_rate": mean(wins) if both else None,
         "parse_failures": sum(1 for j in js if j.p is None),
         "order_parse_failures": sum(int(e.get("orders_failed", 0)) for e in ex),
         "hard_label_fallbacks": sum(int(e.get("hard_label_orders", int(j.hard_label_fallback))) for j, e in zip(js, ex)),
@@ -68,7 +65,7 @@ def summarize_scores(scores: Iterable[Score], *, seconds: float | None = None,
     out: dict[str, Any] = {
         "n": len(ss),
         "n_scored": len(vals),
-        "mean_score": _mean(vals),
+        "mean_score": mean(vals),
         "parse_failures": sum(1 for s in ss if s.score is None),
         "failed_samples": sum(int(e.get("failed_samples", 0)) for e in ex),
         "cache_hits": sum(int(e.get("cache_hits", int(s.cached))) for s, e in zip(ss, ex)),

@@ -22,7 +22,7 @@ revises the remaining chunks exactly as the interrupted one would have.
 Data parallel (``torchrun --nproc_per_node N``): each process revises its block of every chunk
 (:meth:`~pofe.runtime.parallel.DataParallel.map`) and rank 0 writes the gathered traces in
 input order. The principle draws and sampled texts of a block follow the block's own seed
-(:func:`~pofe.runtime.parallel.block_seed`), so they depend on N; with one critique principle
+(:func:`~pofe.runtime.seeds.block_seed`), so they depend on N; with one critique principle
 and greedy decoding the rows are the one-process run's.
 """
 
@@ -44,6 +44,7 @@ from pofe.recipe import CheckpointConfig, Recipe, RunContext, drive
 from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig
 from pofe.runtime.guards import fault_point
+from pofe.runtime.seeds import chunk_seed
 from pofe.runtime.tracking import LogConfig
 
 __all__ = ["CaiReviseConfig", "CaiReviseRecipe", "run", "mix_sft", "preference_pairs", "refusal_summary"]
@@ -162,8 +163,8 @@ class CaiReviseRecipe(Recipe):
             except FileNotFoundError as e:
                 log.warning("refusal tracking: benign prompts unavailable (%s)", e)
         bs = cfg.train.batch_size
-        self.chunks = [("red-team", cfg.seed + 7919 * i, prompts[s:s + bs]) for i, s in enumerate(range(0, len(prompts), bs))]
-        self.chunks += [("benign", cfg.seed + 1 + 7919 * i, benign[s:s + bs]) for i, s in enumerate(range(0, len(benign), bs))]
+        self.chunks = [("red-team", chunk_seed(cfg.seed, i), prompts[s:s + bs]) for i, s in enumerate(range(0, len(prompts), bs))]
+        self.chunks += [("benign", chunk_seed(cfg.seed, i, stream=1), benign[s:s + bs]) for i, s in enumerate(range(0, len(benign), bs))]
         self.n_prompts, self.n_benign = len(prompts), len(benign)
 
     def setup(self, run: RunContext) -> None:
@@ -189,7 +190,7 @@ class CaiReviseRecipe(Recipe):
 
     def _revise(self, prompts: list[str], seed: int) -> list[Trace]:
         """This process's block of a chunk, critiqued and revised under the block's seed."""
-        from pofe.runtime.parallel import block_seed
+        from pofe.runtime.seeds import block_seed
 
         cfg = self.cfg
         if self.policy is None and self.generate_fn is None:  # loaded on the first chunk: a finished run never loads it

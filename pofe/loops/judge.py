@@ -27,6 +27,7 @@ from pofe.judges.usage import BudgetMeter, budget_of, usage_summary
 from pofe.recipe import Recipe, RunContext, drive
 from pofe.runs import JsonlWriter, RunConfig
 from pofe.runtime.tracking import LogConfig
+from pofe.stats import mean
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class JudgeRecipe(Recipe):
         vals = [getattr(v, "p", getattr(v, "score", None)) for v in res]
         vals = [x for x in vals if x is not None]
         return {"rows": len(chunk), "unreadable": len(res) - len(vals),
-                "mean_p" if not self.pointwise else "mean_score": sum(vals) / len(vals) if vals else None,
+                "mean_p" if not self.pointwise else "mean_score": mean(vals),
                 **self.meter.row(step)}
 
     def _verdicts(self, part: list[dict[str, Any]]) -> list:

@@ -35,7 +35,7 @@ Data parallel (``torchrun --nproc_per_node N``): each process samples its block 
 and judges its block of every batch (:meth:`~pofe.runtime.parallel.DataParallel.map`); rank 0
 writes the gathered rows in input order into the one run folder, so labels.jsonl is the
 one-process run's row for row (sampled pairs depend on N, see
-:func:`~pofe.runtime.parallel.block_seed`; pairs.jsonl fixes them for a resume).
+:func:`~pofe.runtime.seeds.block_seed`; pairs.jsonl fixes them for a resume).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class LabelRecipe(Recipe):
     def _sample(self, prompts: list[str]) -> list[tuple[str, str, str]]:
         """This process's block of the prompts, two samples each."""
         from pofe.generation.pairs import sample_pairs
-        from pofe.runtime.parallel import block_seed
+        from pofe.runtime.seeds import block_seed
 
         cfg = self.cfg
         if self.policy is None:

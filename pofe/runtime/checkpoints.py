@@ -89,12 +89,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
 # ----------------------------------------------------------------------------- tensors <-> JSON
 
 def _split(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

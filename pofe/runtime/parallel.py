@@ -2,7 +2,7 @@
 gathering and sums across processes, :class:`DataParallel` (a process's shard of a step, the
 gradient all-reduce, and :meth:`DataParallel.map` -- shard, compute, gather in input order --
 that every labelling command runs its items through), a weights digest to check that copies
-agree, and the per-step and per-block seeds.
+agree. (The per-step and per-block seeds: :mod:`pofe.runtime.seeds`.)
 
 Kept out of the loops so that a loop reads as its recipe (setup -> loop -> save).
 """
@@ -150,29 +150,6 @@ def reduce_sum(acc, x: float) -> float:
         return float(x)
     t = torch.tensor([float(x)], dtype=torch.float64, device=acc.device)
     return float(acc.reduce(t, reduction="sum").item())
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Every step reseeds from (seed, step, rank): a resumed run samples exactly what the
-    uninterrupted one did, and each process samples different responses."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
-
-
-def sampling_seed(seed: int, step: int, rank: int) -> int:
-    """The sampling seed a generator draws from torch's RNG right after
-    ``seed_everything(step_seed(seed, step, rank))``, computed on a private generator: a step
-    sampled ahead in a background thread (mode=async) must not touch the process-wide one."""
-    g = torch.Generator().manual_seed(step_seed(seed, step, rank))
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=g).item())
-
-
-def block_seed(seed: int, rank: int) -> int:
-    """The sampling seed of process ``rank``'s block of a labelling command's items: ``seed`` itself
-    on rank 0 (a one-process run samples exactly as before) and a hash of ``(seed, rank)``
-    elsewhere, so no two blocks share one random stream. A sampled text therefore depends on how
-    many processes split the items (a batched ``generate`` draws one stream for its whole batch);
-    greedy decoding and deterministic judges do not."""
-    return seed if rank == 0 else step_seed(seed, 0, rank)
 
 
 def weights_digest(model) -> str:

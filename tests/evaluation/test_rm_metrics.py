@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pofe.evaluation.rm_metrics import RankedGroup, _spearman, rm_metrics
-from pofe.evaluation.stats import kendall_tau_b
+from pofe.stats import kendall_tau_b
 
 # Human ranks: 0 = best. Scores: judge's, None = unscored.
 A = RankedGroup(ranks=(0, 1, 2), scores=(5, 3, 4))  # pairs: 01 ok, 02 ok, 12 wrong (3 < 4)

@@ -10,7 +10,7 @@ import pytest
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from pofe.evaluation.stats import bootstrap_ci
+from pofe.stats import bootstrap_ci
 from pofe.evaluation.winrate import (
     LOSS, TIE, WIN, bradley_terry, compare_policies, count_outcomes, head_to_head, length_controlled_win_rate,
     length_controlled_win_rate_simple, pair_outcome, wilson_interval,

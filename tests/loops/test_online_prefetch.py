@@ -10,8 +10,7 @@ import torch
 
 from pofe.config import ConfigError, load_config
 from pofe.loops.online import OnlineConfig
-from pofe.runtime.checkpoints import seed_everything
-from pofe.runtime.parallel import sampling_seed, step_seed
+from pofe.runtime.seeds import sampling_seed, seed_everything, step_seed
 from pofe.loops.online.prefetch import Prefetch
 
 VLLM = ["mode=async", "sampling.engine=vllm"]

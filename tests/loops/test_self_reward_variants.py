@@ -13,7 +13,7 @@ from pofe.loops.self_reward import SelfRewardConfig
 from pofe.config import ConfigError, load_config
 from pofe.records import Score
 from pofe.runs import read_jsonl
-from pofe.evaluation.stats import kendall_tau_b
+from pofe.stats import kendall_tau_b
 from pofe.loops.self_reward.self_reward_variants import (build_anchored_pair, build_anchored_pairs, consistency,
                                                 variant_pairs)
 

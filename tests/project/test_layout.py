@@ -355,7 +355,7 @@ def test_the_loop_shape_checker_finds_each_defect(tmp_path):
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["pofe", "errors", "paths", "secrets", "config", "records", "labels", "losses", "plugins",
                      "preload", "outputs", "runs", "constitutions", "logprobs", "models", "model_folders", "hub", "jsonl",
-                     "chat_control"], 0),
+                     "chat_control", "stats"], 0),
     "runtime": 1,
     **dict.fromkeys(["data", "generation", "judges"], 2),
     "evaluation": 3,

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from pofe.data.calibration import CalibrationItem
-from pofe.evaluation.audit.metrics import _mean, _rate_ci, _verdict
+from pofe.evaluation.audit.metrics import _rate_ci, _verdict
+from pofe.stats import mean
 from pofe.records import Judgment
 from pofe.runtime.parallel import DataParallel
 
@@ -120,7 +121,7 @@ def contrast_metrics(judge, pairs: dict[str, list[tuple[str, str, str]]], batch_
         out[kind] = {
             "n": len(rows),
             "mean_p_variant": float(np.mean(ok)) if ok else None,
-            "variant_win_rate": _mean(wins),
+            "variant_win_rate": mean(wins),
             "variant_win_rate_ci95": _rate_ci(wins),
             "parse_failures": len(rows) - len(ok),
         }

@@ -49,19 +49,15 @@ import numpy as np
 
 from pofe.data.calibration import CalibrationItem
 from pofe.evaluation.calibrate import calibration_report
-from pofe.evaluation.stats import fit_logistic, somers_d, spearman, wilson_interval
+from pofe.stats import fit_logistic, somers_d, spearman, wilson_interval
 from pofe.evaluation.winrate import outcome_value, verdict
 from pofe.records import Judgment
+from pofe.stats import mean
 
 
 def _verdict(p: float | None) -> float | None:
     """1 = A preferred, 0 = B preferred, 0.5 = an exact tie (the win-rate module's verdict)."""
     return None if p is None else outcome_value(verdict(p))
-
-
-def _mean(xs) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return float(np.mean(xs)) if xs else None
 
 
 def _length(text: str, unit: str) -> int:
@@ -119,8 +115,8 @@ def _v1_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Judgment],
         lab_s = [i for i in idx if i in human]
         by_source[src] = {
             "n": len(idx),
-            "agreement": _mean(1.0 - abs(_verdict(p[i]) - human[i]) for i in lab_s),
-            "position_consistency": _mean(float(_verdict(judgments[i].p_ab) == _verdict(judgments[i].p_ba))
+            "agreement": mean(1.0 - abs(_verdict(p[i]) - human[i]) for i in lab_s),
+            "position_consistency": mean(float(_verdict(judgments[i].p_ab) == _verdict(judgments[i].p_ba))
                                           for i in idx if i in both_set),
             "parse_failures": sum(p[i] is None for i in idx),
         }
@@ -132,26 +128,26 @@ def _v1_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Judgment],
         "parse_failure_rate": (n - len(parsed)) / n if n else None,
         "order_parse_failures": order_fail,
         "n_labelled": len(lab),
-        "agreement": _mean(hits),
-        "agreement_strict": _mean(hits_strict),
-        "agreement_single_order": _mean(hits_single),
-        "judge_tie_rate": _mean(float(p[i] == 0.5) for i in parsed),
+        "agreement": mean(hits),
+        "agreement_strict": mean(hits_strict),
+        "agreement_single_order": mean(hits_single),
+        "judge_tie_rate": mean(float(p[i] == 0.5) for i in parsed),
         "human_ties": {
             "n": len(ties),
-            "judge_tie_rate": _mean(float(p[i] == 0.5) for i in ties),
-            "mean_abs_p_minus_half": _mean(abs(p[i] - 0.5) for i in ties),
+            "judge_tie_rate": mean(float(p[i] == 0.5) for i in ties),
+            "mean_abs_p_minus_half": mean(abs(p[i] - 0.5) for i in ties),
         },
-        "position_consistency": _mean(consistent),
-        "first_position_win_rate": _mean(first_wins),
-        "mean_p_first": _mean(p_first),
+        "position_consistency": mean(consistent),
+        "first_position_win_rate": mean(first_wins),
+        "mean_p_first": mean(p_first),
         "length_correlation": somers_d(pp, dlen) if len(pp) >= 2 else None,
         "length_spearman": spearman(pp, dlen),
         "length_slope": slope,
-        "longer_preferred_rate": _mean(float((dlen[i] > 0) == (choice[i] == 1.0)) for i in longer),
-        "human_longer_preferred_rate": _mean(float((dlen_all[i] > 0) == (human_all[i] == 1.0)) for i in hl),
+        "longer_preferred_rate": mean(float((dlen[i] > 0) == (choice[i] == 1.0)) for i in longer),
+        "human_longer_preferred_rate": mean(float((dlen_all[i] > 0) == (human_all[i] == 1.0)) for i in hl),
         "human_length_correlation": somers_d(human_all, dlen_all) if n >= 2 else None,
         "p_histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
-        "mean_p": _mean(p),
+        "mean_p": mean(p),
         "by_source": by_source,
     }
 
@@ -205,7 +201,7 @@ def human_human_agreement(items: Sequence[CalibrationItem]) -> dict[str, Any]:
         for x in range(len(labels)):
             for y in range(x + 1, len(labels)):
                 hits.append(1.0 - abs(labels[x] - labels[y]) if 0.5 in (labels[x], labels[y]) else float(labels[x] == labels[y]))
-    return {"n_pairs_multi": multi, "n_label_pairs": len(hits), "agreement": _mean(hits), "ci95": _rate_ci(hits)}
+    return {"n_pairs_multi": multi, "n_label_pairs": len(hits), "agreement": mean(hits), "ci95": _rate_ci(hits)}
 
 
 def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Judgment], length_unit: str = "chars",
@@ -241,9 +237,9 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
     acc_ab, acc_ba = order_hits("p_ab"), order_hits("p_ba")
     both_ok = [float(_verdict(judgments[i].p_ab) == human[i] and _verdict(judgments[i].p_ba) == human[i])
                for i in lab if judgments[i].p_ab is not None and judgments[i].p_ba is not None]
-    m["accuracy_order_ab"], ci["accuracy_order_ab"] = _mean(acc_ab), _rate_ci(acc_ab)
-    m["accuracy_order_ba"], ci["accuracy_order_ba"] = _mean(acc_ba), _rate_ci(acc_ba)
-    m["both_orders_correct"], ci["both_orders_correct"] = _mean(both_ok), _rate_ci(both_ok)
+    m["accuracy_order_ab"], ci["accuracy_order_ab"] = mean(acc_ab), _rate_ci(acc_ab)
+    m["accuracy_order_ba"], ci["accuracy_order_ba"] = mean(acc_ba), _rate_ci(acc_ba)
+    m["both_orders_correct"], ci["both_orders_correct"] = mean(both_ok), _rate_ci(both_ok)
     both = [i for i in range(n) if judgments[i].p_ab is not None and judgments[i].p_ba is not None]
     cons = [float(_verdict(judgments[i].p_ab) == _verdict(judgments[i].p_ba)) for i in both]
     m["positional_agreement"] = m["position_consistency"]
@@ -279,14 +275,14 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
     longer = [float((_len(items[i].response_a) > _len(items[i].response_b)) == (_verdict(p[i]) == 1.0))
               for i in range(n) if p[i] is not None and _verdict(p[i]) != 0.5
               and _len(items[i].response_a) != _len(items[i].response_b)]
-    m["p_prefers_longer"] = _mean(longer)
+    m["p_prefers_longer"] = mean(longer)
     ci["longer_preferred_rate"] = ci["p_prefers_longer"] = _rate_ci(longer)
     lists = [i for i in range(n) if has_list(items[i].response_a) != has_list(items[i].response_b)]
     pick_list = [float(has_list(items[i].response_a) == (_verdict(p[i]) == 1.0)) for i in lists
                  if p[i] is not None and _verdict(p[i]) != 0.5]
     human_list = [float(has_list(items[i].response_a) == (items[i].label == "A")) for i in lists if items[i].label != "tie"]
-    m["p_prefers_lists"], ci["p_prefers_lists"] = _mean(pick_list), _rate_ci(pick_list)
-    m["human_prefers_lists"], ci["human_prefers_lists"] = _mean(human_list), _rate_ci(human_list)
+    m["p_prefers_lists"], ci["p_prefers_lists"] = mean(pick_list), _rate_ci(pick_list)
+    m["human_prefers_lists"], ci["human_prefers_lists"] = mean(human_list), _rate_ci(human_list)
     m["n_list_pairs"] = len(lists)
     m["parse_failure_rate_ci95"] = _rate_ci([float(x is None) for x in p])
     ci["parse_failure_rate"] = m.pop("parse_failure_rate_ci95")
@@ -306,7 +302,7 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
         spread += [float(v != mode) for v in vs]
     m["bias"] = None if not modal else 1.0 - float(np.mean(modal))
     ci["bias"] = [None, None] if not modal else [1.0 - x for x in _rate_ci(modal)[::-1]]
-    m["variance"] = _mean(spread) if len(passes) > 1 else None
+    m["variance"] = mean(spread) if len(passes) > 1 else None
     ci["variance"] = _rate_ci(spread) if len(passes) > 1 else [None, None]
 
     # Per source (with intervals) and per constitution principle.
@@ -322,9 +318,9 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
     for pid, hs in sorted(by_pr.items()):
         rest = [h for q, v in by_pr.items() if q != pid for h in v]
         lo, hi = _rate_ci(hs)
-        rest_rate = _mean(rest)
+        rest_rate = mean(rest)
         # Flag: even the top of this principle's interval is below the other principles' agreement.
-        principles[pid] = {"n": len(hs), "agreement": _mean(hs), "ci95": [lo, hi], "others_agreement": rest_rate,
+        principles[pid] = {"n": len(hs), "agreement": mean(hs), "ci95": [lo, hi], "others_agreement": rest_rate,
                            "flagged": bool(rest and hi is not None and hi < rest_rate)}
     m["by_principle"] = principles
     m["principles_flagged"] = [k for k, v in principles.items() if v["flagged"]]
@@ -344,8 +340,8 @@ def calibration_metrics(items: Sequence[CalibrationItem], judgments: Sequence[Ju
             hv = [human[i] for i in idx]
             curve.append({"dlen_lo": float(edges[b]), "dlen_hi": float(edges[min(b + 1, len(edges) - 1)]),
                           "dlen_mean": float(np.mean([dl[lab.index(i)] for i in idx])), "n": len(idx),
-                          "judge_a": _mean(jv), "judge_a_ci95": _rate_ci(jv),
-                          "human_a": _mean(hv), "human_a_ci95": _rate_ci(hv)})
+                          "judge_a": mean(jv), "judge_a_ci95": _rate_ci(jv),
+                          "human_a": mean(hv), "human_a_ci95": _rate_ci(hv)})
     m["length_curve"] = curve
     m["human_human"] = human_human_agreement(items)
     m["calibration"] = calibration_report([p[i] for i in lab], [human[i] for i in lab], method=calibration_method,

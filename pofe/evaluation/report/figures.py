@@ -1,6 +1,6 @@
 """Matplotlib helpers every command's plots share: one figure size, PNG bytes out, line plots
 with a rolling mean on long runs, histograms, bar charts, and rates drawn with their n and a
-Wilson 95% interval (:func:`pofe.evaluation.stats.wilson_interval`), so a rate is never a bare dot."""
+Wilson 95% interval (:func:`pofe.stats.wilson_interval`), so a rate is never a bare dot."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _line(rows, keys: list[tuple[str, str]], title: str, ylabel: str, *, ylim=No
 def _rate_points(title: str, xs: list, counts: list[tuple[float, int]], xlabel: str, ylabel: str, *,
                  hline: float | None = 0.5, bar: bool = False, labels: list[str] | None = None) -> bytes | None:
     """Rates with Wilson 95% bars and their n written beside each point (never a bare dot)."""
-    from pofe.evaluation.stats import wilson_interval
+    from pofe.stats import wilson_interval
 
     # a rate with n = 0 is left out, and so is its label (a bar chart once got 3 labels for 2 bars)
     keep = [i for i, (_, n) in enumerate(counts) if n]

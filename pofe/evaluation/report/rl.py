@@ -25,7 +25,7 @@ def _rl_plots(run: RunData, add) -> None:
     b, a = sm.get("eval_before") or {}, sm.get("eval_after") or {}
     if _num(b.get("reward")) is not None and _num(a.get("reward")) is not None:
         cis = [_reward_ci(b), _reward_ci(a)]
-        why = ("95% intervals: percentile bootstrap of the per-sample rewards (pofe.evaluation.stats.bootstrap_ci)"
+        why = ("95% intervals: percentile bootstrap of the per-sample rewards (pofe.stats.bootstrap_ci)"
                if all(cis) else "no interval: the run's summary records the means only, not per-sample rewards")
         add("eval", "Held-out reward before and after",
             f"Mean reward on held-out prompts (n = {b.get('n')} before, {a.get('n')} after samples); {why}.",
@@ -47,7 +47,7 @@ def _reward_ci(ev: dict) -> tuple[float, float] | None:
         return None
     import numpy as np
 
-    from pofe.evaluation.stats import bootstrap_ci
+    from pofe.stats import bootstrap_ci
 
     return bootstrap_ci(np.asarray(vals, dtype=float))
 

@@ -218,7 +218,7 @@ class OnlineRecipe(Recipe):
         from pofe.evaluation.vs_initial import evaluate_vs_initial
         from pofe.runtime import fault_point, seed_everything
         from pofe.loops.online.step import dap_update, step_row
-        from pofe.runtime.parallel import step_seed
+        from pofe.runtime.seeds import step_seed
 
         cfg, acc = self.cfg, self.run.acc
         seed_everything(step_seed(cfg.seed, step, self.run.rank))

@@ -30,6 +30,7 @@ import torch
 from pydantic import Field, model_validator
 
 from pofe.config import ConfigError, PofeConfig
+from pofe.runtime.seeds import probe_seed
 
 
 class DiagnosticsSettings(PofeConfig):
@@ -151,7 +152,7 @@ class OffPolicyProbe:
         hf = sampling.model_copy(update={"engine": "hf"})  # theta_t's own tensors, no engine to build or sync
         with torch.random.fork_rng(devices=[]), torch.no_grad():  # off the training RNG: resume stays exact
             comps = [g[0] for g in generate(policy, tokenizer, [prompt_input(p) for p in prompts], n=1,
-                                            sampling=hf, seed=self.seed * 1_000_003 + step)]
+                                            sampling=hf, seed=probe_seed(self.seed, step))]
         return mean_token_logp(policy, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
                                pad_token_id=tokenizer.pad_token_id, device=device)
 

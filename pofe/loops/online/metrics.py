@@ -13,6 +13,8 @@ import statistics
 import time
 from typing import Any, Sequence
 
+from pofe.stats import mean
+
 
 P_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -24,10 +26,6 @@ def p_histogram(ps: Sequence[float]) -> list[int]:
         k = min(int(p * 5), 4)
         counts[k] += 1
     return counts
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return float(statistics.fmean(xs)) if xs else None
 
 
 def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any], counts: dict[str, int],
@@ -50,25 +48,25 @@ def step_metrics(*, step: int, annotations: Sequence[dict], pairs: Sequence[Any]
         "step": step,
         "wall_time": time.time(),
         "cpu_time": time.process_time(),  # cumulative CPU seconds of this process (benchmarks)
-        "loss": _mean([p.loss for p in pairs]),
+        "loss": mean([p.loss for p in pairs]),
         # Implicit rewards beta*log(pi/pi0) (DPO's reward, OAIF Eq. 1): margin and how often
         # the chosen response already gets the larger one ("accuracy"), TRL's names.
-        "rewards/chosen": _mean([p.chosen_reward for p in pairs]),
-        "rewards/rejected": _mean([p.rejected_reward for p in pairs]),
-        "rewards/margins": _mean([p.margin for p in pairs]),
-        "rewards/accuracies": _mean([1.0 if p.margin > 0 else 0.0 for p in pairs]),
-        "logps/chosen": _mean([p.chosen_logp for p in pairs]),
-        "logps/rejected": _mean([p.rejected_logp for p in pairs]),
+        "rewards/chosen": mean([p.chosen_reward for p in pairs]),
+        "rewards/rejected": mean([p.rejected_reward for p in pairs]),
+        "rewards/margins": mean([p.margin for p in pairs]),
+        "rewards/accuracies": mean([1.0 if p.margin > 0 else 0.0 for p in pairs]),
+        "logps/chosen": mean([p.chosen_logp for p in pairs]),
+        "logps/rejected": mean([p.rejected_logp for p in pairs]),
         # mean_p: the judge's confidence in the response it prefers, max(p, 1 - p);
         # mean_p_a: raw mean of P(A better) (near 0.5 unless the sampler orders pairs).
-        "mean_p": _mean([max(p, 1 - p) for p in ps]),
-        "mean_p_a": _mean(ps),
+        "mean_p": mean([max(p, 1 - p) for p in ps]),
+        "mean_p_a": mean(ps),
         "p_hist": p_histogram(ps) if ps else None,
-        "consistency_rate": _mean([1.0 if c else 0.0 for c in cons]),
+        "consistency_rate": mean([1.0 if c else 0.0 for c in cons]),
         "mean_len": gen_tokens / num_samples if num_samples else None,  # tokens per sampled response
         "mean_chars": gen_chars / num_samples if num_samples else None,
         # k1 estimate of KL(pi || pi0) per sequence on the sampled responses.
-        "objective/kl": _mean([p.kl for p in pairs]),
+        "objective/kl": mean([p.kl for p in pairs]),
         "annotations": counts.get("annotations", 0),
         "pairs": counts.get("trained", 0),
         "identical_pairs": counts.get("identical", 0),
@@ -121,11 +119,11 @@ def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | 
         "inconsistent_pairs": sum(r.get("inconsistent_pairs", 0) or 0 for r in train),
         "low_margin_pairs": sum(r.get("low_margin_pairs", 0) or 0 for r in train),
         "text_fallback_labels": sum(r.get("text_fallback_labels", 0) or 0 for r in train),
-        "mean_len_first": _mean(lens[:w]),
-        "mean_len_last": _mean(lens[-w:]),
+        "mean_len_first": mean(lens[:w]),
+        "mean_len_last": mean(lens[-w:]),
         "mean_len_window": w,
-        "mean_chars_first": _mean(chars[:w]),
-        "mean_chars_last": _mean(chars[-w:]),
+        "mean_chars_first": mean(chars[:w]),
+        "mean_chars_last": mean(chars[-w:]),
         "loss_first": train[0].get("loss") if train else None,
         "loss_last": train[-1].get("loss") if train else None,
         "winrate_vs_init": last_eval["winrate_vs_init"] if last_eval else None,

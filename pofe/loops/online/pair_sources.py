@@ -34,7 +34,8 @@ from pofe.runs import JsonlWriter
 from pofe.loops.online.annotator import computes_on_pi0_tensors
 from pofe.loops.online.dap import TokenPair, tokenize_pair
 from pofe.loops.online.online_pairs import label_annotations, sample_and_annotate, zero_counts
-from pofe.runtime.parallel import gather, sampling_seed
+from pofe.runtime.parallel import gather
+from pofe.runtime.seeds import sampling_seed
 from pofe.loops.online.prefetch import Prefetch
 
 

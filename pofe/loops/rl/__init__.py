@@ -53,6 +53,7 @@ from pofe.runs import RunConfig
 from pofe.runtime import ModelConfig, OptimConfig
 from pofe.evaluation.drift import DriftMonitor, DriftSettings, drift_summary
 from pofe.runtime.precision import Precision
+from pofe.runtime.seeds import rl_sampling_seed
 from pofe.loops.rl.rewards import PairwiseRewardConfig, RewardConfig, build_reward
 from pofe.loops.rl.policy_gradient import RewardFn
 from pofe.loops.rl.step import batch_for_step, measure, rl_step
@@ -231,7 +232,7 @@ class RLRecipe(Recipe):
         # rank 0 keeps the one-process seed; the others are offset past any step count, so no two
         # processes (nor two steps) share a sampling seed
         row = rl_step(self.model, self.ref, self.tokenizer, batch, cfg, self.reward_fn, self.optimizer, self.scheduler,
-                      seed=cfg.seed * 1000 + step + 1_000_003 * dp.rank, step=step, monitor_fn=self.monitor_fn, dp=dp)
+                      seed=rl_sampling_seed(cfg.seed, step, dp.rank), step=step, monitor_fn=self.monitor_fn, dp=dp)
         row.update(self.drift.check(step, getattr(self.reward_fn, "judge", None), dp=dp) if self.drift else {})
         return {**row, **self.meter.row(step)}  # a collective under data parallel
 
@@ -239,18 +240,15 @@ class RLRecipe(Recipe):
         return self.meter.state()
 
     def summary(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        cfg, last = self.cfg, history[-5:]
-
-        def avg(key):
-            v = [h[key] for h in last if h.get(key) is not None]
-            return sum(v) / len(v) if v else None
-
         from pofe.loops.rl.rewards import audit_length_bias
+        from pofe.stats import mean
+
+        cfg, last = self.cfg, history[-5:]
 
         keys = ("objective/scores", "objective/kl", "objective/kl_k3", "length", "monitor")
         out = {"algo": cfg.algo, "kl_in": cfg.kl_in, "beta": cfg.beta, "reward": self.reward_fn.id,
                "first_step": {k: history[0].get(k) for k in keys[:2] + ("length",)} if history else None,
-               "last5": {k: avg(k) for k in keys}, "eval_before": self.before,
+               "last5": {k: mean(h.get(k) for h in last) for k in keys}, "eval_before": self.before,
                "eval_after": None if self.meter.stop else self.measure()}  # a spent budget is not spent further
         more = {"shaping": cfg.reward.shaping.model_dump() if cfg.reward.shaping.active else None,
                 "audit": audit_length_bias(self.require_audit), "drift": drift_summary(history),

@@ -13,6 +13,8 @@ import torch
 from pofe.generation import SamplingConfig
 from pofe.runtime.parallel import DataParallel, merge_metrics
 from pofe.runtime.precision import autocast
+from pofe.runtime.seeds import rl_prompts_seed
+from pofe.stats import mean
 from pofe.loops.rl.policy_gradient import (RewardFn, group_shaping, kl_terms, list_items, masked_group_advantages, pg_loss,
                               token_logprobs)
 from pofe.runtime.step import optimizer_step
@@ -147,13 +149,13 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
         comps = [c for g in generate(policy, tokenizer, list(prompts), n=n, sampling=sampling, seed=seed) for c in g]
     xs = [x for x in prompts for _ in range(n)]
     raw, info = reward_fn(xs, comps)
-    vals = [v for v in raw if v is not None]
-    out = {"reward": sum(vals) / len(vals) if vals else None, "length": sum(c.num_tokens for c in comps) / len(comps),
+    vals = [v for v in raw if v is not None]  # unreadable rewards are counted by the reward, never averaged in
+    out = {"reward": mean(vals), "length": sum(c.num_tokens for c in comps) / len(comps),
            "chars": sum(len(c.text) for c in comps) / len(comps), "n": len(comps)}
     if vals:  # before vs after is a comparison of two means: each with its 95% interval (the report's error bars)
         import numpy as np
 
-        from pofe.evaluation.stats import bootstrap_ci
+        from pofe.stats import bootstrap_ci
 
         out["reward_ci95"] = [float(x) for x in bootstrap_ci(np.asarray(vals, dtype=float))]
     if monitor_fn is not None:
@@ -166,7 +168,7 @@ def measure(policy, tokenizer, prompts: Sequence[str], reward_fn: RewardFn, samp
 
 def batch_for_step(prompts: Sequence[str], batch_size: int, seed: int, step: int) -> list[str]:
     """The prompts of one step, a function of (seed, step) only: a resumed run sees the same ones."""
-    return random.Random(seed * 100003 + step).sample(list(prompts), min(batch_size, len(prompts)))
+    return random.Random(rl_prompts_seed(seed, step)).sample(list(prompts), min(batch_size, len(prompts)))
 
 
 def add_mismatch(acc: list, comps, trainer_sums: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from pofe.records import PreferencePair
 from pofe.runtime.activations import lean_activations
 from pofe.runtime.parallel import DataParallel
 from pofe.runtime.precision import autocast
+from pofe.runtime.seeds import epoch_shuffle_seed
 from pofe.loops.rm.reward_model import pair_prompt, rewards
 from pofe.runtime.step import optimizer_step
 
@@ -24,7 +25,7 @@ def batch_schedule(n: int, batch_size: int, epochs: int, seed: int, steps: int |
     out = []
     for epoch in range(epochs):
         order = list(range(n))
-        random.Random(seed * 1009 + epoch).shuffle(order)
+        random.Random(epoch_shuffle_seed(seed, epoch)).shuffle(order)
         out += [order[s:s + batch_size] for s in range(0, n, batch_size)]
     return out[:steps] if steps is not None else out
 

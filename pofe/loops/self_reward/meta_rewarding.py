@@ -55,6 +55,7 @@ from pofe.runs import read_jsonl
 from pofe.runtime.guards import fault_point
 from pofe.runtime.parallel import DataParallel
 from pofe.loops.self_reward.stages import write_jsonl
+from pofe.stats import mean
 
 ONE = DataParallel()
 
@@ -299,10 +300,8 @@ def meta_rewarding_pairs(cfg: MetaJudgeSettings, rows: Sequence[dict], it_dir: P
             "judgments": len(all_j), "judgments_unscored": sum(s is None for s in all_j),
             "meta_judgments": len(comps), "meta_unreadable": sum(c[2] is None for c in comps),
             "judge_pair_counts": jcounts,
-            "length_mean": {"chosen": _mean([p["chosen_length"] for p in actor]),
-                            "rejected": _mean([p["rejected_length"] for p in actor])}}
+            "length_mean": {"chosen": mean([p["chosen_length"] for p in actor]),
+                            "rejected": mean([p["rejected_length"] for p in actor])}}
     return actor + judges, counts, info
 
 
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None

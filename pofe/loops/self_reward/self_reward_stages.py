@@ -14,7 +14,7 @@ SFT and DPO shard their steps through the driver; only rank 0 writes a stage's f
 "skipped when present" test is rank 0's answer (``dp.from_main``), so every process takes the
 same branch. Self-Instruct prompts and EFT justifications are written by rank 0 alone (the
 others wait for its file). Sampled candidates depend on the number of processes (each block
-draws from its own seed, :func:`pofe.runtime.parallel.block_seed`); greedy responses and a
+draws from its own seed, :func:`pofe.runtime.seeds.block_seed`); greedy responses and a
 deterministic judge's verdicts do not, and a resume with the same number of processes is the
 uninterrupted run.
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Literal, Sequence
 from pydantic import model_validator
 
 from pofe.config import PofeConfig
-from pofe.evaluation.stats import kendall_tau_b
+from pofe.stats import kendall_tau_b
 from pofe.data.aift import build_pairs
 from pofe.runs import read_jsonl
 from pofe.loops.self_reward.meta_rewarding import meta_rewarding_pairs

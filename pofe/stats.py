@@ -1,6 +1,7 @@
-"""Small statistics shared by audit, eval and sim: a soft-target logistic regression,
-rank correlation, the Wilson score interval and a percentile bootstrap. This is the bottom of
-pofe.evaluation: win rates, calibration, reports and the audit all build on it.
+"""Small statistics, one home for every layer (a leaf: imports nothing of pofe): the mean every
+summary, audit and metrics row uses; and, for audit, eval and sim, a soft-target logistic
+regression, rank correlation, the Wilson score interval and a percentile bootstrap. Win rates,
+calibration, reports and the audit all build on it.
 
 Why not scikit-learn: these fits have 2 to 14 parameters and need soft targets (a judge's
 p as the label, rlaif-constitutional-ai "soft BT loss"), which is one ``scipy.optimize``
@@ -10,11 +11,20 @@ call with an analytic gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
+
+
+def mean(xs: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None (a judge's unreadable verdicts and a step's missing
+    metrics are counted elsewhere, never averaged in as a number); None when there are none.
+    ``math.fsum``: the correctly rounded sum, so the order of the values never changes the result."""
+    vals = [float(x) for x in xs if x is not None]
+    return math.fsum(vals) / len(vals) if vals else None
 
 
 def sigmoid(z):
