@@ -37,9 +37,6 @@ from pydantic import AfterValidator
 
 from pofe.plugins import PluginError, contained, lookup, name_validator
 
-DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
-
-
 @dataclass
 class LossOutput:
     """Per-pair losses (B,) and the implicit rewards of DPO-style objectives.
@@ -95,7 +92,7 @@ def dpo(
     ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor,
     *,
-    beta: float = DEFAULT_BETA["dpo"],
+    beta: float = 0.1,  # OAIF Sec. 4.1
     p: float | torch.Tensor = 1.0,
 ) -> LossOutput:
     """DPO, OAIF Eq. 1; soft p gives the Bradley-Terry cross-entropy against p."""
@@ -112,7 +109,7 @@ def ipo(
     ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor,
     *,
-    beta: float = DEFAULT_BETA["ipo"],
+    beta: float = 1.0,  # OAIF Sec. 4.1
     p: float | torch.Tensor = 1.0,
 ) -> LossOutput:
     """IPO, OAIF Eq. 2; soft p moves the target margin to (2p - 1) / (2 beta)."""
@@ -128,7 +125,7 @@ def slic(
     ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor,
     *,
-    beta: float = DEFAULT_BETA["slic"],
+    beta: float = 0.002,  # OAIF Sec. 4.1
     p: float | torch.Tensor = 1.0,
 ) -> LossOutput:
     """SLiC hinge, OAIF Eq. 3; soft p weights the two hinge directions by p and 1 - p."""
@@ -163,7 +160,9 @@ def soft_bt_loss(margin: torch.Tensor, p: float | torch.Tensor = 1.0) -> torch.T
 RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"soft-bt": soft_bt_loss}
 
 
-def _plugin_default_beta(fn: Any) -> float | None:
+def _declared_beta(fn: Any) -> float | None:
+    """A loss's own beta, declared the same way by built-ins and plugins: a ``default_beta``
+    attribute, else its ``beta`` keyword's default."""
     beta = getattr(fn, "default_beta", None)
     if beta is None:
         try:
@@ -180,7 +179,7 @@ def _check_loss_plugin(name: str, fn: Any) -> None:
     # refused when the config is parsed, not when the first step divides by None.
     if not callable(fn):
         raise PluginError(f"loss plugin {name!r} is a {type(fn).__name__}, not a function with PreferenceLoss's signature")
-    beta = _plugin_default_beta(fn)
+    beta = _declared_beta(fn)
     if beta is None or not beta > 0:
         raise PluginError(f"loss plugin {name!r} declares no default beta > 0 (give its beta keyword a default, "
                           f"or set a default_beta attribute)")
@@ -206,13 +205,12 @@ def get_loss(name: str) -> PreferenceLoss:
 
 
 def default_beta(name: str) -> float:
-    """beta when ``loss.beta`` is unset: the paper's for a built-in loss (:data:`DEFAULT_BETA`,
-    OAIF Sec. 4.1), a plugin loss's own (``default_beta`` attribute, else its ``beta`` keyword's default)."""
-    if name in DEFAULT_BETA:
-        return DEFAULT_BETA[name]
+    """beta when ``loss.beta`` is unset: the loss's own, declared on the function (the paper's for
+    the built-ins, OAIF Sec. 4.1: DPO 0.1, IPO 1.0, SLiC 0.002; a plugin's ``default_beta``
+    attribute or ``beta`` keyword default), one rule for both."""
     fn = get_loss(name)
     _check_loss_plugin(name, fn)
-    return _plugin_default_beta(fn)  # type: ignore[return-value]
+    return _declared_beta(fn)  # type: ignore[return-value]
 
 
 def get_rm_loss(name: str) -> Callable[..., torch.Tensor]:

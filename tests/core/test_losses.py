@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pofe.losses import DEFAULT_BETA, dpo, ipo, slic
+from pofe.losses import LOSSES, default_beta, dpo, ipo, slic
 
 # One pair: policy logps (chosen -1, rejected -2), reference (-1.5, -1.5):
 # h = (-1 - -1.5) - (-2 - -1.5) = 0.5 + 0.5 = 1.0
@@ -14,7 +14,7 @@ PC, PR, RC, RR = (torch.tensor([x]) for x in (-1.0, -2.0, -1.5, -1.5))
 
 
 def test_paper_default_betas():
-    assert DEFAULT_BETA == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
+    assert {n: default_beta(n) for n in LOSSES} == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}
 
 
 def test_dpo_hard_label_eq1():

@@ -20,7 +20,7 @@ import torch
 
 from _online_utils import tiny_cfg
 from pofe.loops.online.dap import TokenPair, dap_backward
-from pofe.losses import DEFAULT_BETA, LOSSES
+from pofe.losses import LOSSES, default_beta
 from pofe.runs import read_jsonl
 from pofe.runtime import Reference
 
@@ -55,7 +55,7 @@ def test_grad_accumulation_equivalence(tokenizer, loss):
             ref = Reference(model, lora=False)
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
-        res = dap_backward(model, ref, _pairs(), loss_fn=LOSSES[loss], beta=DEFAULT_BETA[loss],  # paper betas
+        res = dap_backward(model, ref, _pairs(), loss_fn=LOSSES[loss], beta=default_beta(loss),  # paper betas
                            micro_batches=micro, normaliser=8, pad_token_id=2)
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         results.append((sum(ps.loss for ps in res.pairs) / 8, grads, [ps.pair_id for ps in res.pairs]))

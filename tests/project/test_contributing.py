@@ -264,7 +264,7 @@ TOY_LOSS = '''def toy(
     ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor,
     *,
-    beta: float = DEFAULT_BETA["toy"],
+    beta: float = 0.5,
     p: float | torch.Tensor = 1.0,
 ) -> LossOutput:
     """A squared hinge ``(1 - beta*h)^2`` (a toy); soft p weights the mirrored square ``(1 + beta*h)^2`` by 1 - p."""
@@ -294,16 +294,14 @@ def test_toy_squared_hinge_by_hand():
 def test_adding_a_dap_loss(tmp_path, tiny_model_dir):
     tree = Tree(tmp_path / "tree")
     losses = "pofe/losses.py"
-    tree.edit(losses, 'DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}',
-              'DEFAULT_BETA = {"dpo": 0.1, "ipo": 1.0, "slic": 0.002, "toy": 0.5}')
     tree.edit(losses, 'LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic}',
               TOY_LOSS + 'LOSSES: dict[str, PreferenceLoss] = {"dpo": dpo, "ipo": ipo, "slic": slic, "toy": toy}')
     online = "pofe/loops/online/__init__.py"
     tree.edit(online, "slic (Eq. 3), or a loss", "slic (Eq. 3), toy (a squared hinge), or a loss")
     tree.edit(online, "SLiC 0.002.", "SLiC 0.002; toy 0.5.")
     tests = "tests/core/test_losses.py"
-    tree.edit(tests, 'assert DEFAULT_BETA == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}',
-              'assert DEFAULT_BETA == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002, "toy": 0.5}')
+    tree.edit(tests, 'assert {n: default_beta(n) for n in LOSSES} == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002}',
+              'assert {n: default_beta(n) for n in LOSSES} == {"dpo": 0.1, "ipo": 1.0, "slic": 0.002, "toy": 0.5}')
     (tree.root / tests).write_text((tree.root / tests).read_text(encoding="utf-8") + TOY_LOSS_TEST, encoding="utf-8")
 
     _regenerate_and_test(tree.root, "tests/core/test_losses.py",
@@ -323,7 +321,7 @@ def test_adding_a_dap_loss(tmp_path, tiny_model_dir):
         for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout[r.stdout.index("{"):])
-    assert summary["loss"] == "toy" and summary["beta"] == 0.5  # loss.beta null: DEFAULT_BETA["toy"]
+    assert summary["loss"] == "toy" and summary["beta"] == 0.5  # loss.beta null: the toy function's own beta
     rows = [json.loads(x) for x in (tmp_path / "runs" / "on" / "metrics.jsonl").read_text().splitlines()]
     # step 1: policy = reference, h = 0, every pair's (1 - 0)^2 = 1. The reference is a separate copy of
     # the weights, and on an AMX Xeon the fp32 forward of a deep copy gave summed log-probs of ~-65 that
