@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationInfo,
@@ -401,8 +402,30 @@ class VLLMJudgeConfig(_PairwiseLLMSettings):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({PW, SW, LP})
 
 
-BUILTIN_BACKENDS = ("transformers", "llamacpp", "openai", "vllm")
-"""The keys of ``pofe.judges.backends.BACKENDS`` (not imported here: it imports every backend module)."""
+@dataclass(frozen=True)
+class BackendSpec:
+    """What validating a judge config needs to know of a built-in backend, without importing it
+    (the backends import torch or an HTTP client): one row per key of
+    ``pofe.judges.backends.BACKENDS`` (tests/plugins/test_plugins.py checks the two agree). A plugin
+    backend has no row: it reads the config itself, and every built-in section is refused for it."""
+
+    settings: str | None = None
+    """Its own section of the judge config (``endpoint``, ``llamacpp``, ``vllm``); the others are refused."""
+    in_process: tuple[str, ...] = _IN_PROCESS_KEYS
+    """Which of the in-process model keys it reads (all for a model loaded here; the rest are refused)."""
+    shares_weights: bool = False
+    """It can read a live policy's weights (the shares-weights capability: self-rewarding)."""
+    served_model: bool = False
+    """The model is named by the server (``judge.model`` is refused: set ``endpoint.model``)."""
+
+
+BACKEND_SPECS: dict[str, BackendSpec] = {
+    "transformers": BackendSpec(shares_weights=True),
+    "llamacpp": BackendSpec(settings="llamacpp", in_process=()),
+    "openai": BackendSpec(settings="endpoint", in_process=(), served_model=True),
+    "vllm": BackendSpec(settings="vllm", in_process=("max_length",), shares_weights=True),
+}
+BUILTIN_BACKENDS = tuple(BACKEND_SPECS)
 
 
 def _check_backend_plugin(name: str, obj: Any) -> None:
@@ -430,25 +453,26 @@ class _PointwiseLLMSettings(_LLMSettings, _InProcessSettings):
     def _inapplicable(self) -> list[tuple[str, str]]:
         out = super()._inapplicable()
         b = self.backend
+        spec = BACKEND_SPECS.get(b)  # None: a plugin's, which reads the config itself
         why = f"judge.backend is {b}"
-        out += [(k, why) for k, used in (("endpoint", "openai"), ("llamacpp", "llamacpp"), ("vllm", "vllm"))
-                if b != used and _is_set(self, k)]
-        if b in ("llamacpp", "openai", "vllm"):  # only transformers (or a plugin, which reads the config itself) loads the model with these
+        out += [(k, why) for k in sorted({s.settings for s in BACKEND_SPECS.values() if s.settings})
+                if (spec is None or spec.settings != k) and _is_set(self, k)]
+        if spec is not None:
             out += [(k, why + ": the model is not loaded by transformers in this process")
-                    for k in _set_keys(self, _IN_PROCESS_KEYS if b != "vllm" else tuple(
-                        k for k in _IN_PROCESS_KEYS if k != "max_length"))]
-        if b == "openai" and _is_set(self, "model"):
-            out.append(("model", "judge.backend is openai: the served model is judge.endpoint.model"))
-        if b == "openai":
+                    for k in _set_keys(self, tuple(k for k in _IN_PROCESS_KEYS if k not in spec.in_process))]
+        if spec is not None and spec.served_model and _is_set(self, "model"):
+            out.append(("model", f"{why}: the served model is judge.endpoint.model"))
+        if spec is not None and spec.settings == "endpoint":
             out += _endpoint_inapplicable(self.endpoint, self.reads_logprobs)
-        if b == "llamacpp":
+        if spec is not None and spec.settings == "llamacpp":
             out += _llamacpp_inapplicable(self.llamacpp, self, self.reads_logprobs)
         return out
 
     @property
     def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]
         base = set(type(self).base_capabilities)
-        if self.backend in ("transformers", "vllm"):
+        spec = BACKEND_SPECS.get(self.backend)
+        if spec is not None and spec.shares_weights:
             base.add(SW)
         return frozenset(base)
 

@@ -94,60 +94,23 @@ def _cache(cfg, runtime: dict[str, Any]):
 
 
 def make_backend(cfg, kind: str, **runtime):
-    """The backend named ``kind`` (a key of :data:`pofe.judges.backends.BACKENDS`) built from
-    the judge config's settings for it."""
+    """The backend named ``kind`` built from the judge config: one contract for built-ins (a key of
+    :data:`pofe.judges.backends.BACKENDS`, its class's ``from_config``) and ``pofe.judge_backends``
+    plugins (the entry point itself), each called as ``(judge_config, **runtime)`` and reading what
+    it needs from the config."""
     from pofe.judges.backends import BACKENDS
-    from pofe.plugins import PluginError, lookup
+    from pofe.plugins import PluginError, call_error, lookup
 
     try:
-        cls = lookup("pofe.judge_backends", kind, BACKENDS)
+        build = lookup("pofe.judge_backends", kind, BACKENDS)
     except PluginError as e:
         raise JudgeConfigError(str(e)) from None
-    if kind not in BACKENDS:  # a plugin's: it reads what it needs from the judge config itself
-        from pofe.plugins import call_error
-
-        try:
-            return PluginBackend(kind, cls(cfg, **runtime))
-        except (Exception, SystemExit) as e:
-            raise call_error("pofe.judge_backends", kind, "to build its backend", e) from e
-    if kind == "transformers":
-        return cls(cfg.model, model=runtime.get("model"), tokenizer=runtime.get("tokenizer"),
-                   revision=cfg.revision, dtype=cfg.dtype, device=cfg.device,
-                   trust_remote_code=cfg.trust_remote_code, batch_size=cfg.batch_size,
-                   max_length=cfg.max_length, cache_tag=runtime.get("cache_tag"))
-    if kind == "llamacpp":
-        from pofe.models import EMBEDDED_MODELS, embedded_gguf_path
-
-        lc = cfg.llamacpp
-        if lc.gguf:
-            gguf, tok_name = lc.gguf, lc.tokenizer
-        else:
-            if cfg.model not in EMBEDDED_MODELS:
-                raise JudgeConfigError(f"judge kind 'llamacpp': set judge.llamacpp.gguf (judge.model {cfg.model!r} is "
-                                       f"not an embedded model with a bundled GGUF)")
-            gguf, tok_name = str(embedded_gguf_path(cfg.model)), cfg.model
-        return cls(gguf, tokenizer_name=tok_name, tokenizer=runtime.get("tokenizer"), n_ctx=lc.n_ctx,
-                   n_parallel=lc.n_parallel, n_threads=lc.n_threads, top_logprobs=lc.top_logprobs,
-                   timeout_s=lc.timeout_s)
-    if kind == "vllm":
-        generator = runtime.get("generator")
-        if generator is None and runtime.get("model") is not None:
-            # a live model (self-rewarding: the current policy judges itself) is read through its
-            # own vLLM generator, so policy sampling and judging share one engine and its syncs
-            from pofe.generation.base import SamplingConfig
-            from pofe.generation.vllm import generator_for
-
-            generator = generator_for(runtime["model"], runtime.get("tokenizer"),
-                                      SamplingConfig(engine="vllm", vllm=cfg.vllm))
-        return cls(cfg.model, settings=cfg.vllm, tokenizer=runtime.get("tokenizer"), max_length=cfg.max_length,
-                   generator=generator)
-    e = cfg.endpoint
-    return cls(e.base_url, model=e.model, api=e.api, api_key_env=e.api_key_env,
-               concurrency=e.concurrency, timeout_s=e.timeout_s, max_retries=e.max_retries,
-               backoff_s=e.backoff_s, max_backoff_s=e.max_backoff_s, rate_limit=e.rate_limit,
-               top_logprobs=e.top_logprobs, tokenizer=runtime.get("tokenizer"),
-               tokenizer_name=e.tokenizer, chat_prefill=e.chat_prefill, extra_body=e.extra_body,
-               identify=e.identify)
+    if kind in BACKENDS:
+        return build(cfg, **runtime)
+    try:
+        return PluginBackend(kind, build(cfg, **runtime))
+    except (Exception, SystemExit) as e:
+        raise call_error("pofe.judge_backends", kind, "to build its backend", e) from e
 
 
 def _pairwise(backend_kind: str):

@@ -181,6 +181,8 @@ def test_every_backend_implements_the_protocol(tiny_model, tokenizer):
     assert set(BACKENDS) == {"transformers", "llamacpp", "openai", "vllm"}
     assert isinstance(TransformersBackend("t", model=tiny_model, tokenizer=tokenizer), JudgeBackend)
     assert isinstance(EndpointBackend("http://127.0.0.1:1/v1", identify=False), JudgeBackend)
-    for cls in BACKENDS.values():  # llama.cpp needs a GGUF, vllm an engine to instantiate: check the class
+    for build in BACKENDS.values():  # llama.cpp needs a GGUF, vllm an engine to instantiate: check the class
+        cls = build.__self__  # each builder is its class's from_config (the plugin contract)
+        assert build == cls.from_config
         for name in ("fingerprint", "read_choices", "generate", "validate_choices", "special_strings", "close"):
             assert hasattr(cls, name), (cls, name)

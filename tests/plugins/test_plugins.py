@@ -309,9 +309,9 @@ def test_cli_a_broken_plugin_is_never_imported_for_builtins_and_named_when_used(
 
 def test_builtin_backend_names_match_the_backends_map():
     from pofe.judges.backends import BACKENDS
-    from pofe.judges.config import BUILTIN_BACKENDS
+    from pofe.judges.config import BACKEND_SPECS
 
-    assert set(BUILTIN_BACKENDS) == set(BACKENDS)
+    assert set(BACKEND_SPECS) == set(BACKENDS)
 
 
 def test_length_settings_with_a_plugin_reward_are_refused(monkeypatch):

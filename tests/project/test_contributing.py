@@ -179,6 +179,10 @@ class ToyBackend:
         self.text = text
         self.stats = BackendStats()
 
+    @classmethod
+    def from_config(cls, cfg, **runtime) -> "ToyBackend":
+        return cls()  # it reads nothing from the judge config
+
     def validate_choices(self, choices) -> None:
         raise JudgeConfigError("judge.backend toy only generates text; it reads no choice tokens")
 
@@ -203,7 +207,7 @@ from pofe.judges.backends import BACKENDS, ToyBackend
 
 
 def test_the_rubric_judge_reads_3_from_every_sample():
-    assert BACKENDS["toy"] is ToyBackend and isinstance(ToyBackend(), JudgeBackend)
+    assert BACKENDS["toy"] == ToyBackend.from_config and isinstance(ToyBackend(), JudgeBackend)
     judge = build_judge(parse_judge_config({"kind": "rubric", "backend": "toy", "cache": {"enabled": False}}))
     scores = judge.score(["Colour?", "Size?"], ["Blue.", "Big."])
     assert [s.score for s in scores] == [3.0, 3.0] and [s.samples for s in scores] == [(3.0, 3.0, 3.0)] * 2
@@ -223,16 +227,14 @@ def test_adding_a_judge_backend(tmp_path):
     tree.edit(init, "(:mod:`.vllm`).\n", "(:mod:`.vllm`);\n* ``toy`` — always answers ``Score: 3`` (:mod:`.toy`).\n")
     tree.edit(init, "from pofe.judges.backends.vllm import VLLMBackend\n",
               "from pofe.judges.backends.toy import ToyBackend\nfrom pofe.judges.backends.vllm import VLLMBackend\n")
-    tree.edit(init, '    "vllm": VLLMBackend,\n}', '    "vllm": VLLMBackend,\n    "toy": ToyBackend,\n}')
+    tree.edit(init, '    "vllm": VLLMBackend.from_config,\n}', '    "vllm": VLLMBackend.from_config,\n    "toy": ToyBackend.from_config,\n}')
     config = "pofe/judges/config.py"
-    tree.edit(config, 'BUILTIN_BACKENDS = ("transformers", "llamacpp", "openai", "vllm")',
-              'BUILTIN_BACKENDS = ("transformers", "llamacpp", "openai", "vllm", "toy")')
+    # its spec row: no settings section, it loads no model in this process (the in-process keys are refused)
+    tree.edit(config, '    "vllm": BackendSpec(settings="vllm", in_process=("max_length",), shares_weights=True),\n}',
+              '    "vllm": BackendSpec(settings="vllm", in_process=("max_length",), shares_weights=True),\n'
+              '    "toy": BackendSpec(in_process=()),\n}')
     tree.edit(config, "Where the judge model runs: transformers, llamacpp, openai, vllm, or",
               "Where the judge model runs: transformers, llamacpp, openai, vllm, toy (always 'Score: 3'), or")
-    # it loads no model in this process, so the in-process settings do not apply
-    tree.edit(config, 'if b in ("llamacpp", "openai", "vllm"):  #', 'if b in ("llamacpp", "openai", "vllm", "toy"):  #')
-    tree.edit("pofe/judges/registry.py", "    e = cfg.endpoint\n    return cls(",
-              '    if kind == "toy":\n        return cls()\n    e = cfg.endpoint\n    return cls(')
     tree.edit("tests/judges/test_judge_config.py", 'assert set(BACKENDS) == {"transformers", "llamacpp", "openai", "vllm"}',
               'assert set(BACKENDS) == {"transformers", "llamacpp", "openai", "vllm", "toy"}')
     tree.create("tests/judges/test_toy_backend.py", TOY_BACKEND_TEST)

@@ -152,6 +152,17 @@ class EndpointBackend:
 
     kind = "openai"
 
+    @classmethod
+    def from_config(cls, cfg, **runtime) -> "EndpointBackend":
+        """Built from a judge config's ``endpoint`` section."""
+        e = cfg.endpoint
+        return cls(e.base_url, model=e.model, api=e.api, api_key_env=e.api_key_env,
+                   concurrency=e.concurrency, timeout_s=e.timeout_s, max_retries=e.max_retries,
+                   backoff_s=e.backoff_s, max_backoff_s=e.max_backoff_s, rate_limit=e.rate_limit,
+                   top_logprobs=e.top_logprobs, tokenizer=runtime.get("tokenizer"),
+                   tokenizer_name=e.tokenizer, chat_prefill=e.chat_prefill, extra_body=e.extra_body,
+                   identify=e.identify)
+
     def __init__(self, base_url: str, *, model: str = "", api: str = "completions", api_key_env: str | None = None,
                  concurrency: int = 4, timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 20.0, rate_limit: float | None = None, top_logprobs: int = 20,

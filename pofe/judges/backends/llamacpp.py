@@ -71,6 +71,23 @@ class LlamaCppBackend(EndpointBackend):
 
     kind = "llamacpp"
 
+    @classmethod
+    def from_config(cls, cfg, **runtime) -> "LlamaCppBackend":
+        """Built from a judge config: ``judge.llamacpp.gguf``, else the embedded model's bundled GGUF."""
+        from pofe.models import EMBEDDED_MODELS, embedded_gguf_path
+
+        lc = cfg.llamacpp
+        if lc.gguf:
+            gguf, tok_name = lc.gguf, lc.tokenizer
+        else:
+            if cfg.model not in EMBEDDED_MODELS:
+                raise JudgeConfigError(f"judge kind 'llamacpp': set judge.llamacpp.gguf (judge.model {cfg.model!r} is "
+                                       f"not an embedded model with a bundled GGUF)")
+            gguf, tok_name = str(embedded_gguf_path(cfg.model)), cfg.model
+        return cls(gguf, tokenizer_name=tok_name, tokenizer=runtime.get("tokenizer"), n_ctx=lc.n_ctx,
+                   n_parallel=lc.n_parallel, n_threads=lc.n_threads, top_logprobs=lc.top_logprobs,
+                   timeout_s=lc.timeout_s)
+
     def __init__(self, gguf: str | Path, *, tokenizer_name: str | None, n_ctx: int = 4096, n_parallel: int = 2,
                  n_threads: int | None = None, top_logprobs: int = 20, timeout_s: float = 120.0, max_retries: int = 2,
                  tokenizer=None):

@@ -30,6 +30,15 @@ class TransformersBackend(SingleTokenChoices):
 
     kind = "transformers"
 
+    @classmethod
+    def from_config(cls, cfg, **runtime) -> "TransformersBackend":
+        """Built from a judge config (the backend contract, built-ins and plugins alike): runtime
+        ``model``/``tokenizer`` share an already loaded model."""
+        return cls(cfg.model, model=runtime.get("model"), tokenizer=runtime.get("tokenizer"),
+                   revision=cfg.revision, dtype=cfg.dtype, device=cfg.device,
+                   trust_remote_code=cfg.trust_remote_code, batch_size=cfg.batch_size,
+                   max_length=cfg.max_length, cache_tag=runtime.get("cache_tag"))
+
     def __init__(self, model_name: str, *, model=None, tokenizer=None, revision: str | None = None,
                  dtype: str = "float32", device: str | None = None, trust_remote_code: bool = False,
                  batch_size: int = 8, max_length: int | None = None, cache_tag: str | None = None):

@@ -47,6 +47,21 @@ def reads_token_ids() -> bool:
 class VLLMBackend(SingleTokenChoices):
     kind = "vllm"
 
+    @classmethod
+    def from_config(cls, cfg, **runtime) -> "VLLMBackend":
+        """Built from a judge config's ``vllm`` section. A live ``model`` (self-rewarding: the current
+        policy judges itself) is read through its own vLLM generator, so policy sampling and judging
+        share one engine and its syncs."""
+        generator = runtime.get("generator")
+        if generator is None and runtime.get("model") is not None:
+            from pofe.generation.base import SamplingConfig
+            from pofe.generation.vllm import generator_for
+
+            generator = generator_for(runtime["model"], runtime.get("tokenizer"),
+                                      SamplingConfig(engine="vllm", vllm=cfg.vllm))
+        return cls(cfg.model, settings=cfg.vllm, tokenizer=runtime.get("tokenizer"), max_length=cfg.max_length,
+                   generator=generator)
+
     def __init__(self, model_name: str, *, settings: VLLMSettings | None = None, tokenizer=None, top_logprobs: int = 20,
                  max_length: int | None = None, generator=None):
         self.model_name = model_name
