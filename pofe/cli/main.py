@@ -39,7 +39,7 @@ plain_value_names()  # --help: TEXT / PATH / the choices, nothing for a flag (no
 # Order = order in --help.
 COMMAND_MODULES = [
     "online", "self_reward", "sft", "judge", "label", "rm", "rl", "cai", "cache", "annotate", "audit", "eval", "report",
-    "sim", "chat", "export",
+    "sim", "chat", "export", "reproduce",
 ]
 
 _state = {"verbose": False}
