@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 GENERATED = {"config.md", "reliability-probes.md"}  # generated tables, not commands to run
 # Commands without a config to print: their documented lines are run by their own tests.
-NO_CONFIG = {"annotate", "report", "cache", "sim", "export", "chat", "--help", "--version"}
+NO_CONFIG = {"annotate", "report", "cache", "sim", "export", "chat", "reproduce", "--help", "--version"}
 
 
 def _command_lines() -> list[tuple[str, list[str]]]:

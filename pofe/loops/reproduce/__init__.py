@@ -39,7 +39,7 @@ class Claim:
 CLAIMS: tuple[Claim, ...] = (
     Claim("online-beats-offline", "OAIF Sec. 4.2, Table 2",
           "online over offline DAP: ~66% human win rate (TL;DR: offline DPO wins 7.69% against online)",
-          "oracle win rate of online DPO against offline DPO, same annotator and label budget; > 0.5",
+          "oracle win rate of online DPO against offline DPO, same annotator and label budget; its 95% interval above 0.5",
           C.online_beats_offline),
     Claim("annotator-quality", "OAIF Sec. 4.5, Fig. 5",
           "online DPO improves as the annotator grows (PaLM 2-XS < S < L; XS about RLHF: 3.41 vs 3.38 of 5)",
@@ -83,8 +83,25 @@ def reproduce(out: str | Path, *, fast: bool = False, only: list[str] | None = N
     result = {"tier": "fast" if fast else "full", "seed": seed, "claims": rows, "all_hold": all(r["holds"] for r in rows),
               "seconds": round(time.perf_counter() - t0, 1), "world": {k: getattr(world, k) for k in (
                   "steps", "batch_size", "max_new_tokens", "eval_prompts", "lr", "target")}}
+    result["machine"] = machine()
     (out / "reproduce.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "results.md").write_text(f"{table(result)}\n\n{result['tier']} tier, seed {seed}, {result['seconds']} s on "
+                                    f"{result['machine']}, {time.strftime('%Y-%m-%d')}\n")
     return result
+
+
+def machine() -> str:
+    """The CPU model and core count (numbers are machine-dependent; a result names its machine)."""
+    import os
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
 
 
 def _num(v: Any) -> str:

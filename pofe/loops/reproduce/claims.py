@@ -40,7 +40,7 @@ class World:
         n = self.max_new_tokens
         self.keys = [f"model.name={self.policy}", "model.lora.enabled=false", f"train.steps={self.steps}",
                      f"train.batch_size={self.batch_size}", f"sampling.max_new_tokens={n}",
-                     f"eval.sampling.max_new_tokens={n}", f"optim.lr={self.lr}", "optim.warmup_steps=0",
+                     f"eval.sampling.max_new_tokens={n}", "eval.sampling.temperature=1.0", f"optim.lr={self.lr}", "optim.warmup_steps=0",
                      f"eval.num_prompts={self.eval_prompts}", f"data.eval_prompts={self.out / 'eval-prompts.jsonl'}",
                      f"run.output_dir={self.out / 'runs'}", "log.tensorboard=false", "log.progress=false",
                      "checkpoint.every=0", f"seed={self.seed}", "judge.kind=length"]  # judge: given in memory
@@ -122,7 +122,8 @@ def online_beats_offline(world: World) -> dict[str, Any]:
     off = world.online("offline", oracle, "mode=offline", f"data.preferences={world.out / 'offline-pairs.jsonl'}")
     on = world.online("online", oracle)
     h = versus(oracle, final_responses(on["run_dir"]), final_responses(off["run_dir"]))
-    return {"value": h["winrate"], "ci95": h["ci95"], "holds": h["winrate"] is not None and h["winrate"] > 0.5,
+    # holds when the whole 95% interval is above a coin flip, not merely the point estimate
+    return {"value": h["winrate"], "ci95": h["ci95"], "holds": h["ci95"][0] is not None and h["ci95"][0] > 0.5,
             "detail": {**h, "label_budget": budget, "online_vs_initial": on["winrate_vs_init"],
                        "offline_vs_initial": off["winrate_vs_init"]}}
 
