@@ -21,9 +21,9 @@ def test_the_pairwise_length_example_makes_responses_40_percent_shorter(tmp_path
     if not DATA.exists():
         pytest.skip(f"HH-RLHF is not at {DATA} (the example's prompts)")
     r = pofe("rl", "--config", str(EXAMPLE), "--set", f"run.output_dir={tmp_path}", "--set", "log.progress=false",
-             "--set", "log.tensorboard=false", timeout=1800)
+             "--set", "log.tensorboard=false", timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "rl-pairwise-length" / "summary.json").read_text())
     before, after = s["eval_before"]["chars"], s["eval_after"]["chars"]
-    assert s["reward"].startswith("pairwise:all-pairs:mean:length") and s["steps"] == 16
+    assert s["reward"].startswith("pairwise:all-pairs:mean:length") and s["steps"] == 8
     assert after <= 0.6 * before, (before, after)
