@@ -43,7 +43,7 @@ CLAIMS: tuple[Claim, ...] = (
           C.online_beats_offline),
     Claim("annotator-quality", "OAIF Sec. 4.5, Fig. 5",
           "online DPO improves as the annotator grows (PaLM 2-XS < S < L; XS about RLHF: 3.41 vs 3.38 of 5)",
-          "oracle loss |words - target| after training, annotator accuracy 0.6 / 0.8 / 1.0; falls as accuracy rises",
+          "oracle loss (distance in words to 1) after training, annotator accuracy 0.6 / 0.8 / 1.0; falls as accuracy rises",
           C.annotator_quality),
     Claim("length-dial", "OAIF Sec. 4.6, Fig. 6a",
           "annotator asked for helpful / short / very short: ~120 / ~90 / ~40 tokens",
@@ -56,8 +56,8 @@ CLAIMS: tuple[Claim, ...] = (
           C.labelling_chain),
 )
 
-FAST = {"steps": 12, "eval_prompts": 16, "max_new_tokens": 12}
-FULL = {"steps": 40, "eval_prompts": 32, "max_new_tokens": 16}
+FAST = {"steps": 16, "eval_prompts": 16, "max_new_tokens": 24, "lr": 2e-3}
+FULL = {"steps": 32, "eval_prompts": 48, "max_new_tokens": 24, "lr": 1e-3}
 
 
 def reproduce(out: str | Path, *, fast: bool = False, only: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
@@ -114,9 +114,13 @@ def table(result: dict[str, Any]) -> str:
     """The claims as a Markdown table: claim, source, the paper's number, pofe's number (with its
     interval where it is a rate), whether the direction holds."""
     lines = ["| claim | source | paper | pofe measures | pofe | holds |", "|---|---|---|---|---|---|"]
+
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")  # a bar inside a cell would split the row
+
     for r in result["claims"]:
         ci = f" [{_num(r['ci95'][0])}, {_num(r['ci95'][1])}]" if r.get("ci95") and r["ci95"][0] is not None else ""
-        lines.append(f"| {r['id']} | {r['source']} | {r['paper']} | {r['measure']} | {_num(r['value'])}{ci} | "
+        lines.append(f"| {r['id']} | {cell(r['source'])} | {cell(r['paper'])} | {cell(r['measure'])} | {_num(r['value'])}{ci} | "
                      f"{'yes' if r['holds'] else '**no**'} |")
     return "\n".join(lines)
 

@@ -81,11 +81,6 @@ def versus(judge, a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
             **{k: h[k] for k in ("wins", "ties", "losses")}}
 
 
-def distance(world: World, responses: dict[str, str]) -> float | None:
-    """Mean |words - target| of held-out responses: the oracle's loss (0 is perfect)."""
-    return mean(abs(words(r) - world.target) for r in responses.values())
-
-
 def offline_pairs(world: World, judge, path: Path) -> int:
     """The offline dataset OAIF compares against: the online run's prompt stream and label budget,
     both responses sampled once from pi_0 and labelled once by the same annotator."""
@@ -128,20 +123,22 @@ def online_beats_offline(world: World) -> dict[str, Any]:
                        "offline_vs_initial": off["winrate_vs_init"]}}
 
 
-def annotator_quality(world: World, accuracies=(0.6, 0.8, 1.0)) -> dict[str, Any]:
+def annotator_quality(world: World, accuracies=(0.6, 0.8, 1.0), target: int = 1) -> dict[str, Any]:
     """OAIF Sec. 4.5 (Fig. 5): the better the annotator, the better the policy. Planted accuracies
-    stand in for annotator sizes; the measure is the oracle's loss after training (lower is better)."""
-    dist = {}
+    stand in for annotator sizes; the measure is the oracle's loss after training (lower is better).
+    Its own oracle wants ``target`` words, below the initial policy's (about 3): a direction every
+    annotator can teach, so what differs is how well."""
+    oracle, dist = target_length_oracle(target), {}
     for acc in accuracies:
-        s = world.online(f"accuracy-{acc:g}", NoisyAnnotator(world.oracle, acc, seed=world.seed))
-        dist[acc] = distance(world, final_responses(s["run_dir"]))
+        s = world.online(f"accuracy-{acc:g}", NoisyAnnotator(oracle, acc, seed=world.seed))
+        dist[acc] = mean(abs(words(r) - target) for r in final_responses(s["run_dir"]).values())
     ds = [dist[a] for a in accuracies]
     holds = all(x is not None for x in ds) and all(ds[i] >= ds[i + 1] for i in range(len(ds) - 1)) and ds[0] > ds[-1]
     return {"value": ds[-1], "ci95": None, "holds": holds,
-            "detail": {"distance_by_accuracy": {f"{a:g}": d for a, d in dist.items()}, "target_words": world.target}}
+            "detail": {"distance_by_accuracy": {f"{a:g}": d for a, d in dist.items()}, "target_words": target}}
 
 
-def length_dial(world: World, helpful_words: int = 9) -> dict[str, Any]:
+def length_dial(world: World, helpful_words: int = 12) -> dict[str, Any]:
     """OAIF Sec. 4.6 (Fig. 6a): asking the annotator for short, then very short, answers shortens
     the policy's (~120 -> ~90 -> ~40 tokens). Mean held-out length in words per instruction."""
     lengths = {}

@@ -78,14 +78,31 @@ class InstructedAnnotator:
                          judge_id=self.id) for j in self.inner.judge(prompts, responses_a, responses_b)]
 
 
-def tiny_policy(folder: Path, *, hidden_size: int = 64, seed: int = 0) -> Path:
-    """A tiny random Llama over the embedded model's tokenizer, saved to ``folder`` (once)."""
+def tiny_policy(folder: Path, *, hidden_size: int = 64, seed: int = 0, stop_bias: float = 1.1) -> Path:
+    """A tiny random Llama over the embedded model's tokenizer, saved to ``folder`` (once), whose
+    answers end at a random point: a random model almost never samples EOS among 49k tokens, so
+    every answer would run to ``max_new_tokens`` and no preference about length could be learnt.
+    Every token's embedding carries a constant in dimension 0, which the final RMSNorm keeps large,
+    and the (untied) output row of EOS alone reads it with weight ``stop_bias``: a planted stop
+    rate that training can move (1.1: an EOS logit near 8.8 against 49k near-equal ones, about 12% a
+    token, answers of 8 tokens on average)."""
     if (folder / "config.json").exists():
         return folder
+    import torch
+
     from pofe.models import load_tokenizer, tiny_causal_lm
 
     tok = load_tokenizer()
+    model = tiny_causal_lm(tok, hidden_size=hidden_size, seed=seed)
+    model.config.tie_word_embeddings = False
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        model.lm_head = torch.nn.Linear(hidden_size, emb.shape[0], bias=False)
+        model.lm_head.weight.copy_(emb)
+        emb[:, 0] = 4.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[tok.eos_token_id, 0] = stop_bias
     folder.mkdir(parents=True, exist_ok=True)
-    tiny_causal_lm(tok, hidden_size=hidden_size, seed=seed).save_pretrained(folder)
+    model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
