@@ -1,45 +1,45 @@
-"""``pofe reproduce --fast``: every claim's direction holds on the CI tier, and a planted break of
-the mechanism a claim rests on makes that claim fail (the harness can fail)."""
+"""``pofe reproduce --fast``: the claims that reproduce hold on the CI tier, the one that does not
+yet is reported as not holding (not hidden), and a planted break of the mechanism a claim rests
+on makes that claim fail (the harness can fail)."""
 
 from __future__ import annotations
-
-import copy
-import json
 
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
-
-def test_the_fast_tier_holds_every_claim(tmp_path):
-    from tests._cli import invoke
-
-    r = invoke("reproduce", "--fast", "--output", str(tmp_path), "--json")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    result = json.loads((tmp_path / "reproduce.json").read_text())
-    from pofe.loops.reproduce import CLAIMS
-
-    assert [c["id"] for c in result["claims"]] == [c.id for c in CLAIMS]
-    assert result["all_hold"] and all(c["holds"] for c in result["claims"])
-    online = result["claims"][0]
-    assert online["ci95"][0] > 0.5 and online["detail"]["label_budget"] > 0
-    dial = result["claims"][2]["value"]
-    assert dial[0] > dial[1] > dial[2]
+# Measured 2026-12-07 (fast tier): online beats offline head to head (14-1-1), but because offline
+# DPO degrades below pi_0 (win rate 0.0), not because online improves on it (0.34); sampling from
+# a frozen pi_0 still beats offline 13-3. So the claim is not reproduced yet, and says so.
+NOT_YET = {"online-beats-offline"}
 
 
-def test_sampling_from_the_initial_policy_breaks_the_online_claim(tmp_path, monkeypatch):
-    """The planted break: the "online" loop samples every step's pairs from a frozen copy of pi_0
-    (what offline DAP trains on), so it no longer beats offline."""
-    import pofe.loops.online.pair_sources as sources
+def test_the_fast_tier(tmp_path):
+    from pofe.loops.reproduce import CLAIMS, reproduce, table
+
+    result = reproduce(tmp_path, fast=True)
+    rows = {c["id"]: c for c in result["claims"]}
+    assert list(rows) == [c.id for c in CLAIMS]
+    assert {k for k, c in rows.items() if not c["holds"]} == NOT_YET, table(result)
+    assert not result["all_hold"] and (tmp_path / "results.md").read_text().count("| **no** |") == len(NOT_YET)
+    h, s, v = rows["length-dial"]["value"]
+    assert h > s > v
+    q = rows["annotator-quality"]["detail"]["distance_by_accuracy"]
+    assert q["0.6"] > q["1"]
+    assert rows["labelling-chain"]["value"] > 0.4
+
+
+def test_an_annotator_the_loop_ignores_breaks_the_length_dial(tmp_path, monkeypatch):
+    """The planted break: the online loop trains on its configured judge instead of the annotator
+    it is given, so the annotator's instruction can no longer move the policy."""
+    import pofe.loops.online.annotator as annotator
     from pofe.loops.reproduce import reproduce
 
-    real, frozen = sources.sample_and_annotate, {}
+    real = annotator.build_judges
 
-    def from_pi0(policy, *args, **kwargs):
-        frozen.setdefault("pi0", copy.deepcopy(policy))  # the first call is step 1's, before any update
-        return real(frozen["pi0"], *args, **kwargs)
+    def ignore_given(cfg, reference, tokenizer, *, judge=None, eval_judge=None, check=None):
+        return real(cfg, reference, tokenizer, judge=None, eval_judge=eval_judge, check=check)
 
-    monkeypatch.setattr(sources, "sample_and_annotate", from_pi0)
-    r = reproduce(tmp_path, fast=True, only=["online-beats-offline"])
-    claim = r["claims"][0]
-    assert "pi0" in frozen and not claim["holds"] and not r["all_hold"], claim
+    monkeypatch.setattr(annotator, "build_judges", ignore_given)
+    r = reproduce(tmp_path, fast=True, only=["length-dial"])
+    assert not r["claims"][0]["holds"], r["claims"][0]

@@ -39,7 +39,7 @@ class Claim:
 CLAIMS: tuple[Claim, ...] = (
     Claim("online-beats-offline", "OAIF Sec. 4.2, Table 2",
           "online over offline DAP: ~66% human win rate (TL;DR: offline DPO wins 7.69% against online)",
-          "oracle win rate of online DPO against offline DPO, same annotator and label budget; its 95% interval above 0.5",
+          "oracle win rate of online DPO against offline DPO, same annotator and label budget; its 95% interval above 0.5, and online no worse than pi_0 (win rate vs pi_0 >= 0.5)",
           C.online_beats_offline),
     Claim("annotator-quality", "OAIF Sec. 4.5, Fig. 5",
           "online DPO improves as the annotator grows (PaLM 2-XS < S < L; XS about RLHF: 3.41 vs 3.38 of 5)",

@@ -102,7 +102,7 @@ def offline_pairs(world: World, judge, path: Path) -> int:
             torch.manual_seed(step)
             anns = sample_and_annotate(policy, tok, judge, cursor.take(world.batch_size), n=2, sampling=cfg.sampling,
                                        step=step)
-            _, counts, rows = label_annotations(anns, "hard", 0)
+            _, counts, rows = label_annotations(anns, cfg.loss.labels, 0, cfg.labels)  # the online run's label rule
             labels += counts["annotations"]
             for r in rows:
                 w.write(r)
@@ -117,8 +117,10 @@ def online_beats_offline(world: World) -> dict[str, Any]:
     off = world.online("offline", oracle, "mode=offline", f"data.preferences={world.out / 'offline-pairs.jsonl'}")
     on = world.online("online", oracle)
     h = versus(oracle, final_responses(on["run_dir"]), final_responses(off["run_dir"]))
-    # holds when the whole 95% interval is above a coin flip, not merely the point estimate
-    return {"value": h["winrate"], "ci95": h["ci95"], "holds": h["ci95"][0] is not None and h["ci95"][0] > 0.5,
+    # Holds when the whole 95% interval is above a coin flip AND online is no worse than pi_0:
+    # beating an offline run that degraded (Fig. 3's red curve) is not the claim on its own.
+    holds = h["ci95"][0] is not None and h["ci95"][0] > 0.5 and (on["winrate_vs_init"] or 0.0) >= 0.5
+    return {"value": h["winrate"], "ci95": h["ci95"], "holds": holds,
             "detail": {**h, "label_budget": budget, "online_vs_initial": on["winrate_vs_init"],
                        "offline_vs_initial": off["winrate_vs_init"]}}
 
