@@ -59,7 +59,7 @@ def block_seed(seed: int, rank: int) -> int:
 # -- the shipped arithmetic streams (bit for bit: published numbers depend on them)
 
 def epoch_shuffle_seed(seed: int, epoch: int) -> int:
-    """``pofe rm`` / ``pofe sft``'s order of the pairs in ``epoch``: a prime stride keeps two seeds'
+    """``pofe rm``'s order of the pairs in ``epoch``: a prime stride keeps two seeds'
     epochs apart for any realistic epoch count (< 1009)."""
     return seed * 1009 + epoch
 
