@@ -20,12 +20,15 @@ def test_the_fast_tier(tmp_path):
     result = reproduce(tmp_path, fast=True)
     rows = {c["id"]: c for c in result["claims"]}
     assert list(rows) == [c.id for c in CLAIMS]
-    assert {k for k, c in rows.items() if not c["holds"]} == NOT_YET, table(result)
-    assert not result["all_hold"] and (tmp_path / "results.md").read_text().count("| **no** |") == len(NOT_YET)
+    assert all(c["holds"] for k, c in rows.items() if k not in NOT_YET), table(result)
+    for k in NOT_YET:  # reported with its numbers, whichever way it came out on this CPU
+        assert rows[k]["value"] is not None and rows[k]["ci95"][0] is not None
+    assert result["all_hold"] == all(c["holds"] for c in rows.values())
+    assert (tmp_path / "results.md").read_text().count("| **no** |") == sum(not c["holds"] for c in rows.values())
     h, s, v = rows["length-dial"]["value"]
     assert h > s > v
     q = rows["annotator-quality"]["detail"]["distance_by_accuracy"]
-    assert q["0.6"] > q["1"]
+    assert q["0.6"] > max(q["0.8"], q["1"])
     assert rows["labelling-chain"]["value"] > 0.4
 
 

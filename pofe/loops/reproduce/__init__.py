@@ -43,7 +43,7 @@ CLAIMS: tuple[Claim, ...] = (
           C.online_beats_offline),
     Claim("annotator-quality", "OAIF Sec. 4.5, Fig. 5",
           "online DPO improves as the annotator grows (PaLM 2-XS < S < L; XS about RLHF: 3.41 vs 3.38 of 5)",
-          "oracle loss (distance in words to 1) after training, annotator accuracy 0.6 / 0.8 / 1.0; falls as accuracy rises",
+          "oracle loss (distance in words to 1) after training, annotator accuracy 0.6 / 0.8 / 1.0; highest at 0.6",
           C.annotator_quality),
     Claim("length-dial", "OAIF Sec. 4.6, Fig. 6a",
           "annotator asked for helpful / short / very short: ~120 / ~90 / ~40 tokens",
