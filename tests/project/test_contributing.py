@@ -469,7 +469,7 @@ def test_adding_a_command(tmp_path):
     tree = Tree(tmp_path / "tree")
     tree.create("pofe/loops/toy.py", TOY_LOOP)
     tree.create("pofe/cli/toy.py", TOY_CLI)
-    tree.edit("pofe/cli/main.py", '"export",\n]', '"export", "toy",\n]')
+    tree.edit("pofe/cli/main.py", '"reproduce",\n]', '"reproduce", "toy",\n]')
     tree.edit("pofe/config_docs.py", '    "export": "pofe.loops.export:ExportConfig",\n}',
               '    "export": "pofe.loops.export:ExportConfig",\n    "toy": "pofe.loops.toy:ToyConfig",\n}')
     tree.edit("tests/project/test_layout.py", '"cai revise": "cai_revise"}', '"cai revise": "cai_revise", "toy": "toy"}')
