@@ -28,21 +28,12 @@ from pathlib import Path
 
 
 def head_to_head(judge, online_dir: str, offline_dir: str) -> dict:
-    """Online's final greedy responses against offline's on the same held-out prompts,
-    judged by the oracle in both orders: the direct comparison (OAIF Table 2's question)."""
-    from pofe.evaluation.vs_initial import winrate, winrate_value
-    from pofe.records import Completion, Prompt
-    from pofe.runs import read_jsonl
+    """Online's final greedy responses against offline's on the same held-out prompts, judged by
+    the oracle in both orders (OAIF Table 2's question; ``pofe reproduce``'s helpers)."""
+    from pofe.loops.reproduce.claims import final_responses, versus
 
-    def last_eval(d):
-        files = sorted(Path(d, "eval").glob("step-*.jsonl"), key=lambda f: int(f.stem.split("-")[1]))
-        return {r["prompt"]: r["current"] for r in read_jsonl(files[-1])}
-
-    on, off = last_eval(online_dir), last_eval(offline_dir)
-    prompts = [p for p in on if p in off]
-    counts, _ = winrate(judge, [Prompt(p) for p in prompts], [Completion(p, on[p]) for p in prompts],
-                        [Completion(p, off[p]) for p in prompts])
-    return {"online_vs_offline_winrate": winrate_value(counts), **counts}
+    h = versus(judge, final_responses(online_dir), final_responses(offline_dir))
+    return {"online_vs_offline_winrate": h["winrate"], **h}
 
 
 def main(argv=None) -> dict:
@@ -65,15 +56,11 @@ def main(argv=None) -> dict:
 
         args.model, args.steps, args.batch_size, args.max_new_tokens, args.eval_prompts = smoke_model(), 1, 2, 4, 2
 
-    import torch
-
     from pofe.config import load_config
-    from pofe.data.prompts import PromptCursor, load_prompts, split_heldout
+    from pofe.data.prompts import load_prompts, split_heldout
     from pofe.judges.registry import build_judge
-    from pofe.loops.online import OnlineConfig, label_annotations, run, sample_and_annotate
-    from pofe.loops.online.pair_sources import load_data
-    from pofe.runs import JsonlWriter
-    from pofe.runtime import load_policy, seed_everything
+    from pofe.loops.online import OnlineConfig, run
+    from pofe.loops.reproduce.claims import offline_dataset
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="pofe-onoff-"))
     oracle = [f"judge.kind={args.oracle}"] + ([f"judge.keywords=[{args.keywords}]"] if args.keywords else [])
@@ -88,27 +75,11 @@ def main(argv=None) -> dict:
     (out / "eval-prompts.jsonl").write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in held))
     common.append(f"data.eval_prompts={out / 'eval-prompts.jsonl'}")
     cfg_on = load_config(OnlineConfig, None, common + ["mode=online", "run.name=online"])
-    train_prompts, _ = load_data(cfg_on)  # the training prompts exactly as the online run reads them
-
-    # the seed is the config's top-level key (it was train.seed: 'TrainSettings' object has no attribute 'seed')
 
     # 1. the offline dataset: the same prompt stream and label budget, responses from pi_0
-    seed_everything(cfg_on.seed)
-    policy, tok = load_policy(cfg_on.model.model_copy(update={"lora": cfg_on.model.lora.model_copy(update={"enabled": False})}))
     judge = build_judge(cfg_on.judge)
-    cursor = PromptCursor(train_prompts, cfg_on.seed)  # the stream the online run draws
     prefs = out / "offline-pairs.jsonl"
-    labels = 0
-    with JsonlWriter(prefs) as w:
-        for step in range(1, args.steps + 1):
-            torch.manual_seed(step)
-            anns = sample_and_annotate(policy, tok, judge, cursor.take(args.batch_size), n=2, sampling=cfg_on.sampling,
-                                       step=step)
-            _, counts, rows = label_annotations(anns, "hard", 0)
-            labels += counts["annotations"]
-            for r in rows:
-                w.write(r)
-    del policy
+    labels = offline_dataset(cfg_on, judge, prefs)
 
     # 2. offline DPO on that fixed dataset vs 3. online DPO with fresh labels every step
     cfg_off = load_config(OnlineConfig, None, common + ["mode=offline", f"data.preferences={prefs}", "run.name=offline"])

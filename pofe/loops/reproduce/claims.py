@@ -81,9 +81,11 @@ def versus(judge, a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
             **{k: h[k] for k in ("wins", "ties", "losses")}}
 
 
-def offline_pairs(world: World, judge, path: Path) -> int:
-    """The offline dataset OAIF compares against: the online run's prompt stream and label budget,
-    both responses sampled once from pi_0 and labelled once by the same annotator."""
+def offline_dataset(cfg, judge, path: Path) -> int:
+    """The offline dataset OAIF compares against, for an online config ``cfg``: its prompt stream
+    and label budget (``train.steps`` x ``train.batch_size``), both responses sampled once from
+    pi_0 (LoRA off: an untrained adapter is the identity) and labelled once by ``judge`` under the
+    run's own label rule; written to ``path`` for ``mode: offline``. Returns the label count."""
     import torch
 
     from pofe.data.prompts import PromptCursor
@@ -92,17 +94,16 @@ def offline_pairs(world: World, judge, path: Path) -> int:
     from pofe.runs import JsonlWriter
     from pofe.runtime import load_policy, seed_everything
 
-    cfg = world.config("offline-data")
     prompts, _ = load_data(cfg)
     seed_everything(cfg.seed)
-    policy, tok = load_policy(cfg.model)
+    policy, tok = load_policy(cfg.model.model_copy(update={"lora": cfg.model.lora.model_copy(update={"enabled": False})}))
     cursor, labels = PromptCursor(prompts, cfg.seed), 0
     with JsonlWriter(path) as w:
-        for step in range(1, world.steps + 1):
+        for step in range(1, cfg.train.steps + 1):
             torch.manual_seed(step)
-            anns = sample_and_annotate(policy, tok, judge, cursor.take(world.batch_size), n=2, sampling=cfg.sampling,
-                                       step=step)
-            _, counts, rows = label_annotations(anns, cfg.loss.labels, 0, cfg.labels)  # the online run's label rule
+            anns = sample_and_annotate(policy, tok, judge, cursor.take(cfg.train.batch_size), n=2,
+                                       sampling=cfg.sampling, step=step)
+            _, counts, rows = label_annotations(anns, cfg.loss.labels, 0, cfg.labels)
             labels += counts["annotations"]
             for r in rows:
                 w.write(r)
@@ -113,7 +114,7 @@ def online_beats_offline(world: World) -> dict[str, Any]:
     """OAIF Sec. 4.2 (Table 2): online DPO against offline DPO at the same annotator and label
     budget, head to head on held-out prompts."""
     oracle = world.oracle
-    budget = offline_pairs(world, oracle, world.out / "offline-pairs.jsonl")
+    budget = offline_dataset(world.config("offline-data"), oracle, world.out / "offline-pairs.jsonl")
     off = world.online("offline", oracle, "mode=offline", f"data.preferences={world.out / 'offline-pairs.jsonl'}")
     on = world.online("online", oracle)
     h = versus(oracle, final_responses(on["run_dir"]), final_responses(off["run_dir"]))
