@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import model_validator
 
@@ -136,25 +136,55 @@ class MetricsSink:
 class Progress:
     """A tqdm bar with ETA over optimiser steps (main process only; a no-op when disabled).
 
-    ``show`` maps metric keys to (short name, format) for the postfix."""
+    ``show`` maps metric keys to (short name, format) for the postfix. A run started inside
+    another run's loop in the same thread (self-reward's sft and DPO stages) draws no bar of its
+    own: it shows as the outer bar's ``stage`` field (``sft 3/8`` plus its own postfix), so one
+    command keeps one bar however many stages it drives."""
+
+    _open: ClassVar[list[Progress]] = []  # the bars now drawn, outermost first (stages run one at a time)
 
     def __init__(self, log: LogConfig, *, total: int, initial: int = 0, desc: str, main: bool = True,
                  show: tuple[tuple[str, str, str], ...] = (("loss", "loss", "{:.3f}"),)):
-        self.bar = None
-        self.show = show
-        if main and log.progress:
+        import threading
+
+        self.bar = self.outer = None
+        self.show, self.total, self.n = show, total, initial
+        self.name = desc.removeprefix("pofe ")
+        self.thread = threading.get_ident()
+        if not (main and log.progress):
+            return
+        outer = next((p for p in Progress._open if p.thread == self.thread), None)
+        if outer is not None:
+            self.outer = outer
+            self._show_in_outer({})
+        else:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+        Progress._open.append(self)
+
+    def _postfix(self, row: dict[str, Any] | None) -> dict[str, str]:
+        return {name: fmt.format(row[key]) for key, name, fmt in self.show if row and row.get(key) is not None}
+
+    def _show_in_outer(self, post: dict[str, str]) -> None:
+        self.outer.bar.set_postfix({"stage": f"{self.name} {self.n}/{self.total}", **post}, refresh=True)
 
     def update(self, row: dict[str, Any] | None = None, n: int = 1) -> None:
+        if self.outer is not None:
+            self.n += n
+            self._show_in_outer(self._postfix(row))
+            return
         if self.bar is None:
             return
-        post = {name: fmt.format(row[key]) for key, name, fmt in self.show if row and row.get(key) is not None}
+        post = self._postfix(row)
         if post:
             self.bar.set_postfix(post, refresh=False)
         self.bar.update(n)
 
     def close(self) -> None:
-        if self.bar is not None:
+        if self in Progress._open:
+            Progress._open.remove(self)
+        if self.outer is not None:
+            self.outer.bar.set_postfix({}, refresh=True)  # the stage is over: the outer bar's own fields return
+        elif self.bar is not None:
             self.bar.close()

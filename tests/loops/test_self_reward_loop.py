@@ -16,9 +16,10 @@ EXPECTED_RUBRIC = Path(__file__).resolve().parents[2] / "examples" / "templates"
 
 
 @pytest.mark.slow
-def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir):
+def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir, monkeypatch):
     """With a judge that prefers shorter responses standing in for the rubric, M2's held-out
-    responses score higher (are shorter) than M1's, and M2 beats M1 head-to-head.
+    responses score higher (are shorter) than M1's, and M2 beats M1 head-to-head. The whole run
+    (two iterations, each an sft and a DPO stage driven inside it) draws one progress bar.
 
     Measured (tiny random Llama, 16 prompts x 4 candidates, 8 DPO steps at lr 5e-2): mean
     score -84.1 -> -74.9 (chars), head-to-head 19 W / 0 T / 5 L on 24 held-out prompts."""
@@ -39,7 +40,18 @@ def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir):
         "eval": {"num_prompts": 24, "sampling": {"temperature": 1.0, "max_new_tokens": 12, "batch_size": 24}},
         "run": {"output_dir": str(tmp_path / "runs")},
     })
+    import tqdm.auto
+
+    bars = []
+
+    class CountedBar(tqdm.auto.tqdm):
+        def __init__(self, *a, **k):
+            bars.append(k.get("desc"))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", CountedBar)
     s = run(cfg)
+    assert bars == ["pofe self-reward"], bars
     m1, m2 = s["iterations"]
     assert m2["pairs"]["kept"] == 16 and m2["dpo"]["steps"] == 8
     assert m2["eval_mean_score"] > m1["eval_mean_score"]
