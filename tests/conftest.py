@@ -93,11 +93,24 @@ def shared_data():
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_test_process():
+    """Every test process computes on one torch thread, as the subprocesses the tests start do
+    (``tests/_cli.py``: OMP_NUM_THREADS=1). ``make test`` runs two pytest workers on a 2-core CPU:
+    two workers with two OpenMP threads each spin against each other, and tiny models ran up to
+    ~20x slower than single-threaded. A test that needs more threads sets them and restores them."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def one_torch_thread():
-    """Run a test with one torch thread: tiny models are ~20x faster single-threaded on a
-    shared 2-core CPU (OpenMP threads contend). Opt in per module with
-    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    """One torch thread for this test (every test process already runs on one: kept for the
+    modules that state it, and for a test that changed the count)."""
     import torch
 
     n = torch.get_num_threads()

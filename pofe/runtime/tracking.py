@@ -138,7 +138,8 @@ class Progress:
 
     ``show`` maps metric keys to (short name, format) for the postfix. A run started inside
     another run's loop in the same thread (self-reward's sft and DPO stages) draws no bar of its
-    own: it shows as the outer bar's ``stage`` field (``sft 3/8`` plus its own postfix), so one
+    own: it shows as the outer bar's ``stage`` field (``sft 3/8`` plus its own postfix), and while
+    a bar is drawn transformers' own bars (a stage loading or saving its model) are off, so one
     command keeps one bar however many stages it drives."""
 
     _open: ClassVar[list[Progress]] = []  # the bars now drawn, outermost first (stages run one at a time)
@@ -148,6 +149,7 @@ class Progress:
         import threading
 
         self.bar = self.outer = None
+        self.library_bars = False
         self.show, self.total, self.n = show, total, initial
         self.name = desc.removeprefix("pofe ")
         self.thread = threading.get_ident()
@@ -161,6 +163,7 @@ class Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+            self.library_bars = _library_bars(False)
         Progress._open.append(self)
 
     def _postfix(self, row: dict[str, Any] | None) -> dict[str, str]:
@@ -188,3 +191,16 @@ class Progress:
             self.outer.bar.set_postfix({}, refresh=True)  # the stage is over: the outer bar's own fields return
         elif self.bar is not None:
             self.bar.close()
+            _library_bars(self.library_bars)
+
+
+def _library_bars(on: bool) -> bool:
+    """Turn transformers' (and huggingface_hub's) progress bars on or off; returns whether they were on."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if on and not was:
+        hf_logging.enable_progress_bar()
+    elif not on and was:
+        hf_logging.disable_progress_bar()
+    return was

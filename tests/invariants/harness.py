@@ -29,11 +29,13 @@ class Result(NamedTuple):
 
 
 def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, resume: Path | None = None,
-             fault: str | None = None, timeout: float = 300, processes: int = 1) -> Result:
+             fault: str | None = None, timeout: float = 300, processes: int = 1,
+             env: dict[str, str] | None = None) -> Result:
     """``python -m pofe *argv`` with ``config`` (written next to its run folder and
     passed as ``--config``) or ``--resume RUN_DIR``; ``fault``: the ``POFE_FAULT`` point at
     which the process SIGKILLs itself; ``processes`` > 1: under ``torchrun --standalone`` (CPU,
-    gloo). Returns (rc, stdout, stderr, run_dir); rc is -9 for a killed run (non-zero under torchrun)."""
+    gloo); ``env``: more environment variables (a launcher's sharding variables). Returns (rc,
+    stdout, stderr, run_dir); rc is -9 for a killed run (non-zero under torchrun)."""
     if (config is None) == (resume is None):
         raise ValueError("run_pofe: give config or resume")
     args = list(argv)
@@ -45,9 +47,60 @@ def run_pofe(argv: list[str] | tuple[str, ...], *, config: dict | None = None, r
     else:
         run_dir = Path(resume)
         args += ["--resume", str(run_dir)]
-    extra = {} if fault is None else {"POFE_FAULT": fault}
+    extra = dict(env or {}, **({} if fault is None else {"POFE_FAULT": fault}))
     p = pofe(*args, timeout=timeout, **extra) if processes == 1 else torchrun(*args, nproc=processes, timeout=timeout, **extra)
     return Result(p.returncode, p.stdout, p.stderr, run_dir)
+
+
+def _content_key(value: Any) -> Any:
+    """``value`` with every path to an existing file or model folder replaced by its content's
+    digest, so that two tests' configs over equal data files in their own folders compare equal."""
+    import hashlib
+
+    if isinstance(value, dict):
+        return {k: _content_key(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_content_key(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        path = Path(value)
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path] if path.is_file() else []
+        if files:
+            h = hashlib.sha256()
+            for f in files:
+                h.update(f.relative_to(path).as_posix().encode() if path.is_dir() else b"")
+                h.update(f.read_bytes())
+            return "sha256:" + h.hexdigest()
+    return value
+
+
+def shared_run(argv: list[str] | tuple[str, ...], *, config: dict, processes: int = 1, env: dict[str, str] | None = None,
+               timeout: float = 300) -> Result:
+    """A run of ``config`` that several tests read (the same command, data, model, settings, process
+    count and launcher variables ``env``: the one-process sft at batch 4 of the data-parallel, FSDP2
+    and ZeRO equalities; the two-process runs the accelerate configs are compared with), run once per
+    test session and shared read-only; the first test to ask runs it (a file lock across pytest
+    workers). A failed run is not kept: the next test runs it again and sees the failure itself."""
+    import hashlib
+    import os
+    import tempfile
+
+    from filelock import FileLock
+
+    key = hashlib.sha256(json.dumps([list(argv), processes, env or {},
+                                     _content_key({k: v for k, v in config.items() if k != "run"})],
+                                    sort_keys=True).encode()).hexdigest()[:20]
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    root = Path(tempfile.gettempdir()) / f"pofe-shared-runs-{session}" / key
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if (root / "ok").exists():  # the first asker's run, under the name it gave
+            return Result(0, "", "", root / (root / "ok").read_text())
+        name = config["run"]["name"]
+        res = run_pofe(argv, config={**config, "run": {**config["run"], "output_dir": str(root)}}, timeout=timeout,
+                       processes=processes, env=env)
+        if res.rc == 0:
+            (root / "ok").write_text(name)
+        return res
 
 
 # ----------------------------------------------------------------------------- reading a run

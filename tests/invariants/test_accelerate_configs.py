@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 import configs
-from _cli import REPO, env, error_lines, torchrun
-from harness import final_weights, max_abs_diff, run_pofe, summary, weights
+from _cli import REPO, env, error_lines
+from harness import final_weights, max_abs_diff, shared_run, summary, weights
 
 ACCEL = REPO / "examples" / "accelerate"
 
@@ -45,6 +45,12 @@ def _accelerate(config_file: Path, *args: str, timeout: float = 600) -> subproce
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
+def _over(tmp_path: Path) -> dict:
+    """sft at batch 2 per process, 3 steps: the two-process run of the data-parallel, FSDP2 and ZeRO
+    equalities (``shared_run``), so the torchrun side of each comparison is their run, not a new one."""
+    return {"train.steps": 3, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 12)], "train.batch_size": 2}
+
+
 def _write(cfg: dict) -> tuple[Path, Path]:
     run_dir = Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
     path = run_dir.parent / f"{run_dir.name}.yaml"
@@ -54,11 +60,11 @@ def _write(cfg: dict) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_ddp_cpu_config_trains_what_torchrun_trains(tmp_path, tiny_model_dir):
-    over = {"train.steps": 3, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 12)]}
+    over = _over(tmp_path)
     path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
     res = _accelerate(ACCEL / "ddp-cpu.yaml", "sft", "--config", str(path))
     assert res.returncode == 0, res.stderr[-3000:]
-    ref = run_pofe(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "torchrun", over), processes=2)
+    ref = shared_run(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "torchrun", over), processes=2)
     assert ref.rc == 0, ref.stderr[-3000:]
     s = summary(run_dir)
     assert s["processes"] == 2 and s["weights_identical_across_processes"] is True, s
@@ -72,16 +78,16 @@ def test_ddp_cpu_config_trains_what_torchrun_trains(tmp_path, tiny_model_dir):
 def test_fsdp2_config_trains_sft_sharded_as_torchrun_does(tmp_path, tiny_model_dir):
     """``fsdp2.yaml`` shards (it is not dropped on CPU): the same final/ weights as ``torchrun`` with
     the launcher variables it exports (both 2 gloo processes, one thread each: the same sums)."""
-    over = {"train.steps": 2, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 8)]}
+    over = _over(tmp_path)
     path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
     res = _accelerate(ACCEL / "fsdp2.yaml", "sft", "--config", str(path))
     assert res.returncode == 0, res.stderr[-3000:]
-    ref_path, ref_dir = _write(configs.sft(tmp_path, tiny_model_dir, "torchrun", over))
-    ref = torchrun("sft", "--config", str(ref_path), ACCELERATE_USE_FSDP="true", FSDP_VERSION="2")
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref = shared_run(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "torchrun", over), processes=2,
+                     env={"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"})
+    assert ref.rc == 0, ref.stderr[-3000:]
     s = summary(run_dir)
     assert s["processes"] == 2 and s["sharding"] == "FSDP2", s
-    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref_dir)))
+    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref.run_dir)))
     assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
 
 
@@ -95,17 +101,16 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 def test_zero_configs_train_sft_under_deepspeed_as_torchrun_does(stage, tmp_path, tiny_model_dir):
     """``zero3.yaml`` / ``zero2.yaml`` run DeepSpeed (not dropped on CPU): the same final/ weights as
     ``torchrun`` with the launcher variables they export (both 2 gloo processes, one thread each)."""
-    over = {"train.steps": 2, "train.batch_size": 2, "optim.lr": 1e-3, "data.ift": [configs.ift_file(tmp_path, 8)]}
+    over = _over(tmp_path)
     path, run_dir = _write(configs.sft(tmp_path, tiny_model_dir, "accel", over))
     res = _accelerate(ACCEL / f"zero{stage}.yaml", "sft", "--config", str(path))
     assert res.returncode == 0, res.stderr[-3000:]
-    ref_path, ref_dir = _write(configs.sft(tmp_path, tiny_model_dir, "torchrun", over))
-    ref = torchrun("sft", "--config", str(ref_path), ACCELERATE_USE_DEEPSPEED="true",
-                   ACCELERATE_DEEPSPEED_ZERO_STAGE=str(stage))
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref = shared_run(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "torchrun", over), processes=2,
+                     env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage)})
+    assert ref.rc == 0, ref.stderr[-3000:]
     s = summary(run_dir)
     assert s["processes"] == 2 and s["sharding"] == f"DeepSpeed ZeRO-{stage}", s
-    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref_dir)))
+    diff = max_abs_diff(weights(final_weights(run_dir)), weights(final_weights(ref.run_dir)))
     assert diff == 0.0, f"accelerate launch and torchrun trained different weights (max diff {diff:.3g})"
     moved = max_abs_diff(weights(final_weights(run_dir)), weights(Path(tiny_model_dir) / "model.safetensors"))
     assert moved > 1e-4  # else the equality proves nothing

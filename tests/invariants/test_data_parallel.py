@@ -29,7 +29,7 @@ import yaml
 import configs
 from _cli import torchrun
 from harness import (assert_same_rows, final_weights, max_abs_diff, one_run_folder, rows, run_pofe, same_weights,
-                     summary, weights)
+                     shared_run, summary, weights)
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +87,9 @@ def test_two_processes_equal_one_with_the_same_global_batch(command, tmp_path, t
     over = {**common, **_data(command, tmp_path), "optim.lr": LR}
     argv = configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, **one_b}))
-        f2 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, **two_b}), processes=2)
+        f1 = pool.submit(shared_run, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, **one_b}))
+        f2 = pool.submit(shared_run, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, **two_b}),
+                         processes=2)  # read again by test_accelerate_configs
         one, two = f1.result(), f2.result()
     assert one.rc == 0, one.stderr[-3000:]
     assert two.rc == 0, two.stderr[-3000:]
@@ -97,7 +98,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(command, tmp_path, t
     assert s["steps"] == summary(one.run_dir)["steps"]
     _assert_equal_runs(one.run_dir, two.run_dir, command)
     assert _moved(one.run_dir, tiny_model_dir) > MOVED  # else the equality proves nothing
-    one_run_folder(tmp_path, "two")
+    one_run_folder(two.run_dir.parent, two.run_dir.name)
 
 
 def test_rl_two_processes_keep_identical_weights(tmp_path, tiny_model_dir):
@@ -154,7 +155,7 @@ def _two_nodes(argv: tuple[str, ...], config: dict, work: Path, name: str) -> li
 
 def test_sft_on_two_nodes_equals_one_process(tmp_path, tiny_model_dir):
     over = {"train.steps": 3, **_data("sft", tmp_path), "optim.lr": LR}
-    one = run_pofe(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
+    one = shared_run(("sft",), config=configs.sft(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
     assert one.rc == 0, one.stderr[-3000:]
     nodes = _two_nodes(("sft",), configs.sft(tmp_path, tiny_model_dir, "nodes", {**over, "train.batch_size": 2}),
                        tmp_path, "nodes")

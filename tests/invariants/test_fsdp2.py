@@ -23,7 +23,7 @@ import pytest
 
 import configs
 from sharded import ATOL, LORA, OFFLINE, RTOL, RTOL_LATER, launch_two, overrides
-from harness import VLLM, Result, final_weights, max_abs_diff, rows, run_pofe, same_weights, summary, weights
+from harness import VLLM, Result, final_weights, max_abs_diff, rows, same_weights, shared_run, summary, weights
 
 FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 
@@ -51,8 +51,9 @@ def test_two_sharded_processes_equal_one_with_the_same_global_batch(case, tmp_pa
     over = {**common, **overrides(command, tmp_path)}
     fn, argv = configs.COMMANDS[command].config, configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
-        f2 = pool.submit(sharded, argv, config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": 2}))
+        f1 = pool.submit(shared_run, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
+        f2 = pool.submit(shared_run, argv, processes=2, env=FSDP2,  # read again by test_accelerate_configs
+                         config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": 2}))
         one, two = f1.result(), f2.result()
     assert one.rc == 0, one.stderr[-3000:]
     assert two.rc == 0, two.stderr[-3000:]

@@ -29,8 +29,8 @@ from harness import (
     final_weights,
     max_abs_diff,
     rows,
-    run_pofe,
     same_weights,
+    shared_run,
     summary,
     weights,
 )
@@ -68,8 +68,8 @@ def test_two_zero_processes_equal_one_with_the_same_global_batch(case, tmp_path,
     over = {**common, **overrides(command, tmp_path)}
     fn, argv = configs.COMMANDS[command].config, configs.COMMANDS[command].argv
     with ThreadPoolExecutor(2) as pool:
-        f1 = pool.submit(run_pofe, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
-        f2 = pool.submit(launched, argv, stage=stage,
+        f1 = pool.submit(shared_run, argv, config=fn(tmp_path, tiny_model_dir, "one", {**over, "train.batch_size": 4}))
+        f2 = pool.submit(shared_run, argv, processes=2, env=zero(stage),  # read again by test_accelerate_configs
                          config=fn(tmp_path, tiny_model_dir, "two", {**over, "train.batch_size": 2}))
         one, two = f1.result(), f2.result()
     assert one.rc == 0, one.stderr[-3000:]

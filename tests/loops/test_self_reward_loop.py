@@ -51,7 +51,7 @@ def test_programmatic_judge_mean_score_improves(tmp_path, tiny_model_dir, monkey
 
     monkeypatch.setattr(tqdm.auto, "tqdm", CountedBar)
     s = run(cfg)
-    assert bars == ["pofe self-reward"], bars
+    assert bars == ["pofe self-reward"], bars  # no second pofe bar, and no model-loading bars under it
     m1, m2 = s["iterations"]
     assert m2["pairs"]["kept"] == 16 and m2["dpo"]["steps"] == 8
     assert m2["eval_mean_score"] > m1["eval_mean_score"]

@@ -25,6 +25,14 @@ class FakeBar:
     def close(self):
         self.closed = True
 
+    @staticmethod
+    def set_lock(*_):  # huggingface_hub's bar switch reaches tqdm's lock
+        pass
+
+    @staticmethod
+    def get_lock():
+        return None
+
 
 @pytest.fixture
 def bars(monkeypatch):
@@ -52,8 +60,11 @@ def test_a_stage_run_shows_in_the_outer_bar(bars):
     second.close()
     outer.update({"loss": 1.0})
     assert bars[0].n == 1 and bars[0].postfix == {"loss": "1.000"}
+    from transformers.utils import logging as hf_logging
+
+    assert not hf_logging.is_progress_bar_enabled()  # a stage's model load draws no bar under ours
     outer.close()
-    assert bars[0].closed and Progress._open == []
+    assert bars[0].closed and Progress._open == [] and hf_logging.is_progress_bar_enabled()
     again = Progress(on, total=1, desc="pofe sft")  # after the outer run ended, a run draws its own bar
     again.close()
     assert len(bars) == 2
