@@ -184,17 +184,29 @@ def _args(tmp_path, model_dir, name, *more):
     return [a for s in sets for a in ("--set", s)]
 
 
+@pytest.fixture(scope="module")
+def own_engines(tmp_path_factory, tiny64_dir):
+    """The run both tests below compare with: the trainer's own reference pass, the sampler and the
+    judge on two engines of their own (run once for the module)."""
+    from tests._cli import pofe
+
+    work = tmp_path_factory.mktemp("own-engines")
+    res = pofe("online", *_args(work, tiny64_dir, "own"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res, work / "own"
+
+
 @pytest.mark.slow
-def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, tiny64_dir):
+def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, tiny64_dir, own_engines):
     from safetensors.torch import load_file
 
     from pofe.runs import read_jsonl
     from tests._cli import pofe
 
-    model = pofe("online", *_args(tmp_path, tiny64_dir, "model"))
+    _, model = own_engines
     engine = pofe("online", *_args(tmp_path, tiny64_dir, "engine", "reference.source=engine"))
-    assert model.returncode == 0 and engine.returncode == 0, (model.stderr[-2000:], engine.stderr[-2000:])
-    rm, re_ = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("model", "engine"))
+    assert engine.returncode == 0, engine.stderr[-2000:]
+    rm, re_ = (read_jsonl(d / "metrics.jsonl") for d in (model, tmp_path / "engine"))
     assert re_[0]["reference/from_engine"] == 1.0 and re_[0]["reference/engine_gap"] < 1e-4  # fp32 both sides
     assert all("reference/engine_gap" not in r for r in re_[1:] + rm)  # measured once
     # from step 1 on (the switch comes before step 1's update) the engine's numbers, equal to float rounding
@@ -215,18 +227,18 @@ def test_online_switches_to_the_engine_reference_and_resumes_with_it(tmp_path, t
 
 
 @pytest.mark.slow
-def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike(tmp_path, tiny64_dir):
+def test_annotator_with_the_samplers_settings_shares_its_engine_and_trains_alike(tmp_path, tiny64_dir, own_engines):
     """A pi_0 annotator whose vLLM settings equal the sampler's shares the sampler's engine: pi_0
     is pushed before each judge read and the policy after it. The losses are those of two
     separate engines (fp32: to float rounding)."""
     from pofe.runs import read_jsonl
     from tests._cli import pofe
 
-    own = pofe("online", *_args(tmp_path, tiny64_dir, "own"))
+    own, own_dir = own_engines
     # the judge's context as the sampler's: one pooled engine
     shared = pofe("online", *_args(tmp_path, tiny64_dir, "shared", "judge.vllm.max_model_len=768"))
-    assert own.returncode == 0 and shared.returncode == 0, (own.stderr[-2000:], shared.stderr[-2000:])
-    ro, rs = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("own", "shared"))
+    assert shared.returncode == 0, shared.stderr[-2000:]
+    ro, rs = (read_jsonl(d / "metrics.jsonl") for d in (own_dir, tmp_path / "shared"))
     assert len(ro) == len(rs) == 4
     assert [r["loss"] for r in rs] == pytest.approx([r["loss"] for r in ro], abs=1e-4)
     # the engine start-up line: the sampler's and the judge's, or the one they share

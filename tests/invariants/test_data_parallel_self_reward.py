@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import configs
-from harness import assert_same_rows, one_run_folder, rows, run_pofe, same_weights, summary
+from harness import assert_same_rows, one_run_folder, rows, run_pofe, same_weights, shared_run, summary
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,8 @@ def test_self_reward_two_processes_equal_one_where_deterministic(tmp_path, varie
 def test_self_reward_two_process_sigkill_then_resume_equals_the_uninterrupted_run(point, tmp_path, tiny_model_dir):
     over = ONE_AT_A_TIME
     with ThreadPoolExecutor(2) as pool:
-        f_full = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "full", over), processes=2)
+        f_full = pool.submit(shared_run, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "full", over),
+                             processes=2)  # the same uninterrupted run for every kill point
         f_crash = pool.submit(run_pofe, CMD.argv, config=CMD.config(tmp_path, tiny_model_dir, "crash", over),
                               processes=2, fault=point)
         full, crash = f_full.result(), f_crash.result()
