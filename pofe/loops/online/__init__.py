@@ -192,17 +192,17 @@ class OnlineRecipe(Recipe):
         # the judges so that a vLLM judge of the same model shares it.
         acc, tok = run.acc, self.tokenizer
         self.ddp, self.optimizer = (self.model, self.optimizer) if run.sharded else acc.prepare(self.model, self.optimizer)
-        self.engine = make_generator(self.model, tok, cfg.sampling)
+        engine = make_generator(self.model, tok, cfg.sampling)  # handed to the source, which owns it from here
         judge, eval_judge = self.judges
         self.judges = build_judges(cfg, self.reference, tok, judge=judge, eval_judge=eval_judge, check=self._audited)
         self.my_eval = self.eval_prompts[run.rank::run.world] if cfg.eval.enabled else []
         self.initial = initial_responses(self.reference, tok, self.my_eval, sampling=cfg.eval.sampling, seed=cfg.seed)
         reference_to_bf16(cfg, self.reference, self.judges)  # after pi_0's own responses, in its own dtype
         if cfg.reference.source == "engine":  # after the cast: the engine is synced from the copy as the judge reads it
-            self.reference = engine_reference(self.reference, tok, cfg, self.engine, run.state.get("reference"))
+            self.reference = engine_reference(self.reference, tok, cfg, engine, run.state.get("reference"))
         self.ledger = run.writer("ledger.jsonl") if cfg.mode != "offline" else None
         self.source = make_source(cfg, acc, self.ddp, tok, self.judges, self.items, run.state, ledger=self.ledger,
-                                  engine=self.engine, start=run.start)
+                                  engine=engine, start=run.start)
         run.on_close(self.source.close)  # mode=async: waits for the step in flight (it holds the engine)
         run.meter(self.source)  # judge.budget spent
         if self.drift is not None:
@@ -233,7 +233,7 @@ class OnlineRecipe(Recipe):
                                         cfg=cfg, step=step, times=sp.times)
         self.source.after_update(step, sp.times)
         sp.times["step"] = time.perf_counter() - t0
-        row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, engine=self.engine)
+        row = step_row(acc, step, sp, res, lr=lr, grad_norm=grad_norm, ledger=self.ledger, sync=self.source.sync)
         row.update(measured)
         row.update(self.offpolicy.row(step, probe, sp.pairs, res, acc=acc) if self.offpolicy else {})
         row.update(self.drift.check(step, self.judges.judge, self.judges.ctx, self.run.dp) if self.drift else {})
@@ -253,7 +253,7 @@ class OnlineRecipe(Recipe):
         judge = None if self.cfg.mode == "offline" else getattr(self.judges.judge, "id", self.cfg.judge.kind)
         more = {"offpolicy": offpolicy_summary(history), "drift": drift_summary(history), **self.source.summary(history),
                 "reference": self.reference.summary() if hasattr(self.reference, "summary") else None}
-        return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.engine),
+        return {**online_summary(history, self.cfg, beta=self.beta, judge=judge, engine=self.source.sync.summary()),
                 **{k: v for k, v in more.items() if v is not None}}
 
 

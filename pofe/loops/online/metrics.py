@@ -135,14 +135,14 @@ def summarise(rows: Sequence[dict], eval_rows: Sequence[dict], *, window: int | 
     }
 
 
-def online_summary(history: Sequence[dict], cfg, *, beta: float, judge: str | None, engine) -> dict[str, Any]:
+def online_summary(history: Sequence[dict], cfg, *, beta: float, judge: str | None, engine: dict[str, Any],
+                   ) -> dict[str, Any]:
     """``pofe online``'s summary keys: :func:`summarise` of the whole run's rows (its ``steps``
-    left to the driver), the loss and label settings and the engine's syncs."""
+    left to the driver), the loss and label settings and ``engine``'s keys (its name and syncs)."""
     s = summarise(history, [r for r in history if r.get("winrate_vs_init") is not None or "eval_wins" in r])
     s.pop("steps")
     s.update(mode=cfg.mode, loss=cfg.loss.name, beta=beta, labels=cfg.loss.labels, label_filter=cfg.labels.model_dump(),
-             judge=judge, engine=engine.name, engine_syncs=getattr(engine, "syncs", 0),
-             engine_sync_seconds=round(getattr(engine, "sync_seconds", 0.0), 3))
+             judge=judge, **engine)
     return s
 
 

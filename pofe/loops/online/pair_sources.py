@@ -133,6 +133,25 @@ class EngineSync:
         times["sync"] = self.engine.sync() if self.engine.stale else 0.0  # raises EngineSyncError: the run stops
         self.last = step
 
+    def row(self, acc, res) -> dict[str, Any]:
+        """The step row's engine keys: its name and syncs, a served engine's ``sync/...`` keys, and
+        with ``sampling.sync_check`` the sampled tokens' ``sync/mismatch_kl`` (a collective)."""
+        engine = self.engine
+        row = {"engine": engine.name, "engine_syncs": getattr(engine, "syncs", 0)}
+        row.update(getattr(engine, "sync_metrics", dict)())  # a served engine's sync/... keys (version, staleness)
+        if getattr(getattr(engine, "sync_check", None), "enabled", False):  # the same on every process
+            from pofe.generation.sync_check import mismatch_kl
+            from pofe.runtime.parallel import reduce_sum
+
+            row["sync/mismatch_kl"] = mismatch_kl(reduce_sum(acc, res.mismatch if res else 0.0),
+                                                  reduce_sum(acc, res.mismatch_tokens if res else 0))
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"engine": engine.name, "engine_syncs": getattr(engine, "syncs", 0),
+                "engine_sync_seconds": round(getattr(engine, "sync_seconds", 0.0), 3)}
+
     def after_update(self, step: int, times: dict[str, float]) -> None:
         cfg = self.cfg
         if self.engine.name == "hf":

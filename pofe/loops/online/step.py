@@ -45,10 +45,11 @@ def dap_update(acc, policy, reference, pairs: list[TokenPair], *, optimizer, sch
     return res, done.grad_norm, done.lr
 
 
-def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm: float | None, ledger, engine,
+def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm: float | None, ledger, sync,
              ) -> dict[str, Any]:
     """The step's metrics row (every process gathered); the per-pair losses go to the ledger
-    (main process) after the step's annotations."""
+    (main process) after the step's annotations; ``sync``: the source's engine sync, which holds the
+    sampling engine (:class:`pofe.loops.online.pair_sources.EngineSync`)."""
     pair_stats = [ps for r in gather(acc, res.pairs if res else []) for ps in r]
     counts = {k: int(reduce_sum(acc, v)) for k, v in sp.counts.items()}
     tokens, chars, samples = (int(reduce_sum(acc, x)) for x in sp.gen)
@@ -57,13 +58,9 @@ def step_row(acc, step: int, sp, res: DapResult | None, *, lr: float, grad_norm:
             ledger.write(loss_row(ps, step))
     row = step_metrics(step=step, annotations=sp.rows, pairs=pair_stats, counts=counts, times=sp.times,
                        gen_tokens=tokens, gen_chars=chars, num_samples=samples, lr=lr, grad_norm=grad_norm)
-    row.update(engine=engine.name, time_sync=sp.times.get("sync", 0.0), staleness=max(0, sp.staleness),
-               engine_syncs=getattr(engine, "syncs", 0), **sp.extra)
-    row.update(getattr(engine, "sync_metrics", dict)())  # a served engine's sync/... keys (version, staleness)
-    if getattr(getattr(engine, "sync_check", None), "enabled", False):  # the same on every process: collectives below
-        from pofe.generation.sync_check import mismatch_kl
-
-        row["sync/mismatch_kl"] = mismatch_kl(reduce_sum(acc, res.mismatch if res else 0.0),
-                                              reduce_sum(acc, res.mismatch_tokens if res else 0))
+    engine = sync.row(acc, res)
+    row.update(engine=engine.pop("engine"), time_sync=sp.times.get("sync", 0.0), staleness=max(0, sp.staleness),
+               engine_syncs=engine.pop("engine_syncs"), **sp.extra)
+    row.update(engine)
     row.pop("step")  # the driver writes it
     return row
