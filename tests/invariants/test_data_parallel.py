@@ -103,13 +103,13 @@ def test_two_processes_equal_one_with_the_same_global_batch(command, tmp_path, t
 
 def test_rl_two_processes_keep_identical_weights(tmp_path, tiny_model_dir):
     cfg = configs.rl(tmp_path, tiny_model_dir, "two", {"data.prompts": configs.prompts_file(tmp_path, 12)})
-    two = run_pofe(("rl",), config=cfg, processes=2)
+    two = shared_run(("rl",), config=cfg, processes=2)  # also the uninterrupted run of the rl kill below
     assert two.rc == 0, two.stderr[-3000:]
     s = summary(two.run_dir)
     assert s["processes"] == 2 and s["weights_identical_across_processes"] is True, s
     assert [r["step"] for r in rows(two.run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     assert _moved(two.run_dir, tiny_model_dir) > MOVED
-    one_run_folder(tmp_path, "two")
+    one_run_folder(two.run_dir.parent, two.run_dir.name)
 
 
 @pytest.mark.parametrize("command, point", [("sft", "3:after_step"), ("rl", "3:after_step")])
@@ -117,7 +117,8 @@ def test_two_process_sigkill_then_resume_equals_the_uninterrupted_run(command, p
     cmd = configs.COMMANDS[command]
     over = {"data.prompts": configs.prompts_file(tmp_path, 12)} if command == "rl" else {}
     with ThreadPoolExecutor(2) as pool:
-        f_full = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, tiny_model_dir, "full", over), processes=2)
+        f_full = pool.submit(shared_run, cmd.argv, config=cmd.config(tmp_path, tiny_model_dir, "full", over),
+                             processes=2)  # rl's: the run of the identical-weights test above
         f_crash = pool.submit(run_pofe, cmd.argv, config=cmd.config(tmp_path, tiny_model_dir, "crash", over),
                               processes=2, fault=point)
         full, crash = f_full.result(), f_crash.result()
