@@ -113,21 +113,30 @@ def _reference(tmp_path: Path, cfg: dict) -> Path:
     return Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
 
 
+@pytest.fixture(scope="module")
+def future_reference(tmp_path_factory, tiny_model_dir):
+    """The uninterrupted future-guided run both kill points below are compared with (run once), and
+    the folder the killed runs share with it (the same prompt file)."""
+    work = tmp_path_factory.mktemp("future")
+    return work, _reference(work, _tiny(work, tiny_model_dir, "ref", **FUTURE))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["sr2:after_future_dpo", "candidates:0"])
-def test_future_stages_resume_after_a_kill(tmp_path, tiny_model_dir, fault):
+def test_future_stages_resume_after_a_kill(future_reference, tiny_model_dir, fault):
     """SIGKILL (POFE_FAULT) once M2' is trained, or once the first chunk of M2''s candidates is
     written (the first ``candidates:0`` is iteration 2's own candidates: the kill happens there,
     before any future stage), then ``--resume``: the run ends as the uninterrupted one (pairs,
     rows, final weights)."""
     from safetensors.torch import load_file
 
-    ref_root = _reference(tmp_path, _tiny(tmp_path, tiny_model_dir, "ref", **FUTURE))
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_tiny(tmp_path, tiny_model_dir, "r", **FUTURE)))
+    work, ref_root = future_reference
+    name = "r-" + fault.replace(":", "-")
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_tiny(work, tiny_model_dir, name, **FUTURE)))
     killed = _cli(path, fault=fault)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    root = tmp_path / "runs" / "r"
+    root = work / "runs" / name
     assert not (root / "iter_2" / "data" / "aift.jsonl").exists()
     done = _cli(path, "--resume", str(root))
     assert done.returncode == 0, done.stderr[-2000:]
