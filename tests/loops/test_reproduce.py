@@ -23,6 +23,11 @@ def test_the_fast_tier(tmp_path):
     assert all(c["holds"] for k, c in rows.items() if k not in NOT_YET), table(result)
     for k in NOT_YET:  # reported with its numbers, whichever way it came out on this CPU
         assert rows[k]["value"] is not None and rows[k]["ci95"][0] is not None
+    fig3 = rows["online-beats-offline"]["detail"]["fig3"]  # win rate vs pi_0 at 4, 8, 12 and 16 of 16 steps
+    for run in ("online", "offline"):
+        assert [s for s, _ in fig3[run]] == [4, 8, 12, 16] and all(0.0 <= w <= 1.0 for _, w in fig3[run]), fig3
+    d = rows["online-beats-offline"]["detail"]
+    assert (fig3["online"][-1][1], fig3["offline"][-1][1]) == (d["online_vs_initial"], d["offline_vs_initial"])
     assert result["all_hold"] == all(c["holds"] for c in rows.values())
     assert (tmp_path / "results.md").read_text().count("| **no** |") == sum(not c["holds"] for c in rows.values())
     h, s, v = rows["length-dial"]["value"]

@@ -110,20 +110,32 @@ def offline_dataset(cfg, judge, path: Path) -> int:
     return labels
 
 
+def curve(run_dir: str | Path) -> list[list[float]]:
+    """A run's ``[step, win rate vs pi_0]`` at each evaluation: OAIF Fig. 3's curve (there the
+    evaluator is a human or a stronger LLM; here the oracle)."""
+    from pofe.runs import read_jsonl
+
+    return [[r["step"], r["winrate_vs_init"]] for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
+            if r.get("winrate_vs_init") is not None]
+
+
 def online_beats_offline(world: World) -> dict[str, Any]:
     """OAIF Sec. 4.2 (Table 2): online DPO against offline DPO at the same annotator and label
-    budget, head to head on held-out prompts."""
+    budget, head to head on held-out prompts; with both runs' win rate vs pi_0 at four points of
+    training (Fig. 3: online climbs, offline does not keep up)."""
     oracle = world.oracle
+    every = f"eval.every={max(1, world.steps // 4)}"
     budget = offline_dataset(world.config("offline-data"), oracle, world.out / "offline-pairs.jsonl")
-    off = world.online("offline", oracle, "mode=offline", f"data.preferences={world.out / 'offline-pairs.jsonl'}")
-    on = world.online("online", oracle)
+    off = world.online("offline", oracle, "mode=offline", f"data.preferences={world.out / 'offline-pairs.jsonl'}", every)
+    on = world.online("online", oracle, every)
     h = versus(oracle, final_responses(on["run_dir"]), final_responses(off["run_dir"]))
     # Holds when the whole 95% interval is above a coin flip AND online is no worse than pi_0:
     # beating an offline run that degraded (Fig. 3's red curve) is not the claim on its own.
     holds = h["ci95"][0] is not None and h["ci95"][0] > 0.5 and (on["winrate_vs_init"] or 0.0) >= 0.5
     return {"value": h["winrate"], "ci95": h["ci95"], "holds": holds,
             "detail": {**h, "label_budget": budget, "online_vs_initial": on["winrate_vs_init"],
-                       "offline_vs_initial": off["winrate_vs_init"]}}
+                       "offline_vs_initial": off["winrate_vs_init"],
+                       "fig3": {"online": curve(on["run_dir"]), "offline": curve(off["run_dir"])}}}
 
 
 def annotator_quality(world: World, accuracies=(0.6, 0.8, 1.0), target: int = 1) -> dict[str, Any]:
