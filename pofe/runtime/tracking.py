@@ -195,7 +195,12 @@ class Progress:
 
 
 def _library_bars(on: bool) -> bool:
-    """Turn transformers' (and huggingface_hub's) progress bars on or off; returns whether they were on."""
+    """Turn transformers' (and huggingface_hub's) progress bars on or off; returns whether they were on.
+    Only where transformers is already imported: a command that loads no model (an endpoint judge's
+    ``pofe label``) does not pay its import for a bar; a command that does has imported it in setup,
+    before its bar, so its stages' loads are covered."""
+    if "transformers" not in sys.modules:
+        return False
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()

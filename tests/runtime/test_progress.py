@@ -37,6 +37,7 @@ class FakeBar:
 @pytest.fixture
 def bars(monkeypatch):
     import tqdm.auto
+    import transformers.utils.logging  # noqa: F401 - as a model command's setup has, before its bar
 
     FakeBar.made = []
     monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
