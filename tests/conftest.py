@@ -107,18 +107,6 @@ def _one_torch_thread_per_test_process():
     torch.set_num_threads(n)
 
 
-@pytest.fixture
-def one_torch_thread():
-    """One torch thread for this test (every test process already runs on one: kept for the
-    modules that state it, and for a test that changed the count)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="session")
 def varied_model_dir(tmp_path_factory, tokenizer):
     """The tiny random model with its matrices redrawn at std 0.2: at the usual 0.02 its greedy

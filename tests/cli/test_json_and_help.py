@@ -18,8 +18,6 @@ from pofe.cli.helptext import SET_EXAMPLES
 from pofe.cli.main import app, present_commands
 from tests._cli import pofe
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 WIDE = {"COLUMNS": "250", "TERMINAL_WIDTH": "250"}  # one help line per option
 
 

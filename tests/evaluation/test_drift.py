@@ -18,8 +18,6 @@ from pofe.records import Judgment
 from pofe.runs import read_jsonl
 from pofe.evaluation.drift import DriftError, drift_summary
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 N_ITEMS, PER_AUDIT = 8, 2
 _ATTACKS = (":", "Thought process:")
 

@@ -32,8 +32,6 @@ ANSWERS = [
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.mark.parametrize("text", REFUSALS)
 def test_refusals_detected(text):

@@ -10,7 +10,7 @@ import torch
 
 from _online_utils import tiny_cfg
 
-pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.faults]
 
 
 class _Payload:

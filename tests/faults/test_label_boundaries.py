@@ -241,8 +241,7 @@ def test_label_resume_of_a_finished_run_keeps_the_last_partial_batch_metrics_row
 
 
 @pytest.mark.slow
-def test_cai_revise_kill_between_chunk_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, tiny_model_dir,
-                                                                                          one_torch_thread):
+def test_cai_revise_kill_between_chunk_rows_and_metrics_row_resumes_with_every_metrics_row(tmp_path, tiny_model_dir):
     """3 prompts in chunks of 2, killed after chunk 1's revisions were written but before its
     metrics row (and its checkpoint): the resume sets them aside and revises chunk 1 again; the
     reference and the resume run in-process (one torch thread, as the killed subprocess)."""

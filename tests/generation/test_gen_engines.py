@@ -7,8 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_engine_key_and_mapping():
     from pofe.config import ConfigError, load_config

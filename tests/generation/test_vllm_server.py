@@ -12,8 +12,6 @@ import torch
 
 from tests.generation.fake_vllm import FakeVLLM, completion_tokens
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPTS = ["Name a colour.", "What is two plus two?", "Say hello.", "One word about the sea.", "Count to three."]
 
 

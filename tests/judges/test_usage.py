@@ -10,8 +10,6 @@ from pofe.judges.registry import build_judge
 from pofe.judges.usage import BudgetConfig, JudgeUsage, PriceConfig, exceeded, usage_of, usage_row, usage_summary
 from tests.judges.fake_openai import FakeServer, chat_shape
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture
 def server():

@@ -16,8 +16,6 @@ HHH_HARM = {"no-operational-harm", "no-illegal-facilitation", "respect-for-peopl
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_shipped_hhh_constitution_is_comparative_and_complete():
     c = load_cai_constitution("hhh")

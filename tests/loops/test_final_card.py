@@ -22,7 +22,7 @@ MODULES = {"online": "online", "sft": "sft", "rm": "rm", "rl": "rl", "self-rewar
 
 
 @pytest.mark.parametrize("command", sorted(MODULES))
-def test_final_has_a_model_card(command, tmp_path, tiny_model_dir, one_torch_thread):
+def test_final_has_a_model_card(command, tmp_path, tiny_model_dir):
     cfg = config_class(command).model_validate(C.COMMANDS[command].config(tmp_path, tiny_model_dir, "r"))
     summary = importlib.import_module(f"pofe.loops.{MODULES[command]}").run(cfg)
     card = (Path(summary["final_model"]) / "README.md").read_text()

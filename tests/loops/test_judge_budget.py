@@ -10,8 +10,6 @@ import pytest
 
 from tests._cli import error_lines, invoke
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 KEYS = ("judge/calls", "judge/cached", "judge/tokens_in", "judge/tokens_out", "judge/cost",
         "judge/calls_total", "judge/cached_total", "judge/tokens_in_total", "judge/tokens_out_total", "judge/cost_total",
         "judge/unmetered_total")

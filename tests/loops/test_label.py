@@ -12,8 +12,6 @@ from pofe.runs import RunError
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _row(p, p_ab=None, p_ba=None, a="aa", b="b", consistent=None):
     return {"prompt": "x", "response_a": a, "response_b": b, "p": p, "p_ab": p_ab, "p_ba": p_ba, "consistent": consistent,

@@ -17,8 +17,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _sets(tmp_path, model_dir, *extra):
     base = [f"model.name={model_dir}", "judge.kind=length", "train.steps=2", "train.batch_size=2",

@@ -18,8 +18,6 @@ from pofe.runs import read_jsonl
 from pofe.loops.online.dap import TokenPair, dap_backward
 from pofe.loops.online.diagnostics import fresh_from_update, mean_token_logp
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 KEYS = ("offpolicy/logp_fresh", "offpolicy/logp_offline", "offpolicy/gap", "offpolicy/logp_offline_chosen",
         "offpolicy/logp_offline_rejected", "offpolicy/fresh_tokens", "offpolicy/offline_tokens")
 

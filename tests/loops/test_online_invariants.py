@@ -28,8 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _pairs(n=8):
     g = torch.Generator().manual_seed(0)

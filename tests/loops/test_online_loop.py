@@ -19,8 +19,6 @@ from pofe.runs import read_jsonl
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _c(text, ids=(5,)):
     return Completion(prompt="x", text=text, token_ids=tuple(ids), prompt_token_ids=(1, 2))

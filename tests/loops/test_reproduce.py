@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow]
 
 # Measured 2026-12-07 (fast tier): online beats offline head to head (14-1-1), but because offline
 # DPO degrades below pi_0 (win rate 0.0), not because online improves on it (0.34); sampling from

@@ -24,8 +24,6 @@ from pofe.loops.rl.policy_gradient import (
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_rloo_advantages_by_hand():
     r = torch.tensor([[1.0, 2.0, 3.0, 6.0]])

@@ -17,8 +17,6 @@ from pofe.loops.rl.policy_gradient import group_shaping, list_items, masked_grou
 from pofe.loops.rl.step import shape_rewards, shaping_metrics
 from pofe.runtime.parallel import DataParallel
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _c(text: str, n_tokens: int) -> Completion:
     return Completion(prompt="x", text=text, token_ids=tuple(range(5, 5 + n_tokens)), prompt_token_ids=(1, 2))

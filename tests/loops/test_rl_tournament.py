@@ -24,8 +24,6 @@ from pofe.loops.rl.tournament import (
     matchups,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _sig(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-z))

@@ -19,8 +19,6 @@ from pofe.loops.rm.reward_model import rewards, tiny_reward_model
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_soft_bt_loss_by_hand_and_minimiser():
     # seed worked example: p = 0.581 -> minimised at logit(0.581) = 0.33

@@ -14,8 +14,6 @@ from pofe.runtime.activations import lean_activations
 from pofe.loops.online.dap import TokenPair, pair_logps
 from pofe.runtime.precision import attention_for, autocast
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _pairs(seed: int = 0, n: int = 3) -> list[TokenPair]:
     rng = random.Random(seed)

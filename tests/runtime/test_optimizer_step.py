@@ -14,8 +14,6 @@ from pofe.runtime.guards import NonFiniteLoss
 from pofe.runtime.step import optimizer_step
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _sgd(w0, lr=0.1):
     w = torch.nn.Parameter(torch.tensor(w0))

@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _dpo_loss_and_grads(model, tokenizer, precision):
     from pofe.logprobs import build_batch, sequence_logprobs

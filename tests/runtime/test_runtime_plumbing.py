@@ -14,8 +14,6 @@ from pofe.runtime import (LoraSettings, ModelConfig, OptimConfig, Reference, lat
 
 
 # Tiny models run much faster single-threaded (shared fixture in conftest.py).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _lps(model, n=3):
     prompts = [[5, 6, 7]] * n
